@@ -1,0 +1,272 @@
+"""The daemon loop: netlink events and timers -> passes -> repairs -> status.
+
+A reader thread turns rtnetlink events into work items; the main thread runs one pass at a
+time, so probes, repairs and publishing never race each other. An event that touches a rail
+re-probes and repairs that rail at once; a periodic resync covers everything else, and a
+netlink overflow (ENOBUFS: events were lost) forces one.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import (
+    RTMGRP_IPV4_IFADDR,
+    RTMGRP_IPV4_ROUTE,
+    RTMGRP_IPV4_RULE,
+    RTMGRP_IPV6_IFADDR,
+    RTMGRP_LINK,
+)
+
+from nodeagent.checks.history import FlapTracker, RepairGuard
+from nodeagent.config import Config, ConfigError
+from nodeagent.evaluate import Evaluator, Report
+from nodeagent.probes.netlink import link_from_msg
+from nodeagent.publish.status import write_status
+
+log = logging.getLogger(__name__)
+
+GROUPS = (
+    RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV4_RULE
+)
+
+
+@dataclass(frozen=True)
+class Work:
+    kind: str  # "event" | "resync" | "reload" | "stop"
+    msg: Any = None
+
+
+class NetlinkMonitor(threading.Thread):
+    """Blocks on rtnetlink multicast and forwards every message; never raises."""
+
+    def __init__(self, out: queue.SimpleQueue[Work]) -> None:
+        super().__init__(name="netlink-monitor", daemon=True)
+        self.out = out
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            try:
+                with IPRoute() as ipr:
+                    ipr.bind(groups=GROUPS)
+                    self.ready.set()
+                    self._pump(ipr)
+            except Exception as exc:  # a broken socket: reopen, and resync what we missed
+                log.error("netlink monitor failed (%s); reopening", exc)
+                self.out.put(Work("resync"))
+                time.sleep(1.0)
+
+    def _pump(self, ipr: Any) -> None:
+        while True:
+            try:
+                msgs = ipr.get()
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    # The kernel dropped events: we no longer know what changed.
+                    log.warning("netlink receive buffer overflowed; full resync")
+                    self.out.put(Work("resync"))
+                    continue
+                raise
+            for msg in msgs:
+                self.out.put(Work("event", msg))
+
+
+class Agent:
+    def __init__(
+        self,
+        cfg: Config,
+        reload: Callable[[], Config],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self._reload = reload
+        self.clock = clock
+        self.work: queue.SimpleQueue[Work] = queue.SimpleQueue()
+        self.passes = 0
+        self._stopping = False
+        self._ipr: Any = None
+        self.last_report: Report | None = None
+        self._configure(cfg)
+
+    # ------------------------------------------------------------ configuration
+
+    def _configure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.flaps = {
+            r.name: FlapTracker(cfg.link_flap.window, cfg.link_flap.max_flaps, cfg.link_flap.dwell)
+            for r in cfg.rails
+        }
+        self.guard = RepairGuard(
+            cfg.repair_guard.max_repairs, cfg.repair_guard.window, cfg.repair_guard.backoff
+        )
+        self.by_name = {r.interface: r.name for r in cfg.rails}
+        self.by_table = {r.table: r.name for r in cfg.rails if r.table is not None}
+        self.by_ip = {r.ip: r.name for r in cfg.rails}
+        if self._ipr is not None:
+            self.evaluator = Evaluator(cfg, self._ipr)
+
+    def reload(self) -> None:
+        try:
+            cfg = self._reload()
+        except ConfigError as exc:
+            for line in exc.problems:
+                log.error("reload rejected, keeping the last good config: %s", line)
+            return
+        log.info("config reloaded: %d rail(s)", len(cfg.rails))
+        self._configure(cfg)
+
+    # ------------------------------------------------------------ events
+
+    def rails_for(self, msg: Any) -> set[str]:
+        """Which rails an rtnetlink message touches."""
+        event = str(msg.get("event", ""))
+        hit: set[str] = set()
+        index = msg.get("index") if "LINK" in event or "ADDR" in event else msg.get("oif")
+        for name, obs in self.evaluator.observations.items():
+            if obs.link is not None and index is not None and obs.link.index == index:
+                hit.add(name)
+        if "LINK" in event:
+            rail = self.by_name.get(str(msg.get("ifname")))
+            if rail:
+                hit.add(rail)
+                if event == "RTM_NEWLINK" and rail in self.flaps:
+                    # Count carrier changes from the event itself, not a later probe.
+                    self.flaps[rail].observe(self.clock(), link_from_msg(msg))
+        if "ROUTE" in event or "RULE" in event:
+            table = msg.get("table")
+            if table in self.by_table:
+                hit.add(self.by_table[table])
+            src = msg.get("src")
+            if src in self.by_ip:
+                hit.add(self.by_ip[src])
+        return hit
+
+    # ------------------------------------------------------------ passes
+
+    def overrides(self) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+        now = self.clock()
+        paused: dict[str, str] = {}
+        out: dict[str, tuple[str, str]] = {}
+        for rail in self.cfg.rails:
+            why = self.guard.paused(now, rail.name)
+            if why:
+                paused[rail.name] = why
+                out[rail.name] = ("ManagedElsewhere", why)
+            tracker = self.flaps.get(rail.name)
+            if tracker is not None and tracker.flapping(now) and rail.name not in out:
+                out[rail.name] = (
+                    "LinkFlapping",
+                    f"{rail.label}: {tracker.in_window(now)} carrier losses in "
+                    f"{self.cfg.link_flap.window:g}s (more than {self.cfg.link_flap.max_flaps});"
+                    f" clears after {self.cfg.link_flap.dwell:g}s stable",
+                )
+        return paused, out
+
+    def run_pass(self, rails: set[str] | None) -> Report:
+        paused, _ = self.overrides()
+        repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
+        now = self.clock()
+        for name, actions in repairs.done.items():
+            rail = self.evaluator.rails[name]
+            self.guard.record(now, name, rail.label, {a.kind for a in actions})
+        for name, obs in self.evaluator.observations.items():
+            if obs.link is not None and name in self.flaps:
+                self.flaps[name].observe(now, obs.link)
+        _, overrides = self.overrides()  # the guard and flap verdicts after this pass
+        report = self.evaluator.judge(repairs, overrides)
+        self.passes += 1
+        self.last_report = report
+        self._publish(report)
+        return report
+
+    def _publish(self, report: Report, state: str = "running") -> None:
+        data = report.as_dict()
+        for rail in data["rails"]:
+            tracker = self.flaps.get(rail["name"])
+            if tracker is not None:
+                rail["carrier_losses_total"] = tracker.total
+                rail["carrier_losses_in_window"] = tracker.in_window(self.clock())
+        daemon = {
+            "state": state,
+            "passes": self.passes,
+            "resync_interval": self.cfg.resync_interval,
+        }
+        try:
+            write_status(self.cfg.runtime_dir, data, daemon)
+        except OSError as exc:
+            log.error("cannot write status file in %s: %s", self.cfg.runtime_dir, exc)
+
+    # ------------------------------------------------------------ the loop
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.work.put(Work("stop"))
+
+    def install_signals(self) -> None:
+        def on_stop(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %s: finishing the current step, then exiting", signum)
+            self.stop()
+
+        def on_hup(_signum: int, _frame: FrameType | None) -> None:
+            self.work.put(Work("reload"))
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, on_hup)
+
+    def run(self) -> int:
+        monitor = NetlinkMonitor(self.work)
+        monitor.start()
+        monitor.ready.wait(timeout=5.0)
+        with IPRoute() as ipr:
+            self._ipr = ipr
+            self.evaluator = Evaluator(self.cfg, ipr)
+            first = self.run_pass(None)
+            log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
+            next_resync = self.clock() + self.cfg.resync_interval
+            while not self._stopping:
+                timeout = max(0.0, next_resync - self.clock())
+                try:
+                    item: Work | None = self.work.get(timeout=timeout)
+                except queue.Empty:
+                    item = None
+                full = item is None or item.kind == "resync"
+                rails: set[str] = set()
+                # Drain what else is queued: one pass serves a burst of events.
+                while item is not None:
+                    if item.kind == "stop":
+                        self._stopping = True
+                    elif item.kind == "reload":
+                        self.reload()
+                        full = True
+                    elif item.kind == "resync":
+                        full = True
+                    elif item.kind == "event":
+                        rails |= self.rails_for(item.msg)
+                    try:
+                        item = self.work.get_nowait()
+                    except queue.Empty:
+                        item = None
+                if self._stopping:
+                    break
+                if full:
+                    self.run_pass(None)
+                    next_resync = self.clock() + self.cfg.resync_interval
+                elif rails:
+                    self.run_pass(rails)
+            # SIGTERM: the current step is done; leave a status that says we stopped.
+            if self.last_report is not None:
+                self._publish(self.last_report, state="stopped")
+        log.info("stopped after %d passes", self.passes)
+        return 0

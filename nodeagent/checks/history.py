@@ -1,0 +1,106 @@
+"""States only visible over time: link flapping and repairs that keep being undone.
+
+Pure state machines: the caller passes `now` (monotonic seconds), so tests drive time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from nodeagent.model import DriftKind, LinkState
+
+
+@dataclass
+class FlapTracker:
+    """Counts carrier losses from the kernel's own counters in a sliding window.
+
+    Flapping starts when more than `max_flaps` losses fall in `window` and ends once the
+    carrier has not changed for `dwell` seconds.
+    """
+
+    window: float
+    max_flaps: int
+    dwell: float
+    total: int = 0  # carrier losses seen since the agent started
+    _losses: deque[float] = field(default_factory=deque)
+    _down_count: int | None = None
+    _changes: int | None = None
+    _carrier: bool | None = None
+    _last_change: float | None = None
+    _flapping: bool = False
+
+    def observe(self, now: float, link: LinkState) -> None:
+        losses = 0
+        changed = False
+        if link.carrier_down_count is not None:
+            if self._down_count is not None and link.carrier_down_count >= self._down_count:
+                losses = link.carrier_down_count - self._down_count
+            self._down_count = link.carrier_down_count
+        elif self._carrier is True and not link.carrier:
+            losses = 1  # no kernel counter: count the transitions we see
+        if link.carrier_changes is not None:
+            changed = self._changes is not None and link.carrier_changes != self._changes
+            self._changes = link.carrier_changes
+        else:
+            changed = self._carrier is not None and self._carrier != link.carrier
+        self._carrier = link.carrier
+        if losses or changed:
+            self._last_change = now
+        self.total += losses
+        for _ in range(min(losses, 10_000)):
+            self._losses.append(now)
+
+    def flapping(self, now: float) -> bool:
+        while self._losses and self._losses[0] <= now - self.window:
+            self._losses.popleft()
+        if len(self._losses) > self.max_flaps:
+            self._flapping = True
+        elif self._flapping and (
+            self._last_change is None or now - self._last_change >= self.dwell
+        ):
+            self._flapping = False
+        return self._flapping
+
+    def in_window(self, now: float) -> int:
+        self.flapping(now)
+        return len(self._losses)
+
+
+@dataclass
+class RepairGuard:
+    """Stops fighting another writer: the same drift repaired more than `max_repairs`
+    times within `window` pauses repairs of that rail for `backoff` seconds."""
+
+    max_repairs: int
+    window: float
+    backoff: float
+    _repairs: dict[tuple[str, DriftKind], deque[float]] = field(default_factory=dict)
+    _paused: dict[str, tuple[float, str]] = field(default_factory=dict)  # rail -> (until, why)
+
+    def record(self, now: float, rail: str, label: str, kinds: set[DriftKind]) -> None:
+        for kind in kinds:
+            times = self._repairs.setdefault((rail, kind), deque())
+            times.append(now)
+            while times and times[0] <= now - self.window:
+                times.popleft()
+            if len(times) > self.max_repairs and rail not in self._paused:
+                why = (
+                    f"{label}: {kind.reason} repaired {len(times)} times in "
+                    f"{self.window:g}s, something else keeps undoing it; repairs paused "
+                    f"for {self.backoff:g}s"
+                )
+                self._paused[rail] = (now + self.backoff, why)
+
+    def paused(self, now: float, rail: str) -> str | None:
+        """Why the rail's repairs are paused, or None when the agent may repair it."""
+        entry = self._paused.get(rail)
+        if entry is None:
+            return None
+        until, why = entry
+        if now >= until:
+            del self._paused[rail]
+            for key in [k for k in self._repairs if k[0] == rail]:
+                del self._repairs[key]
+            return None
+        return why

@@ -1,0 +1,173 @@
+"""Command line: check, apply, run, status.
+
+Exit codes (public contract): 0 every condition True, 1 any False/Unknown, 2 bad usage or
+invalid config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from nodeagent.config import Config, ConfigError, default_config_path, load_config
+
+EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
+
+log = logging.getLogger("nodeagent")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nodeagent",
+        description="Enforce and prove RoCE/RDMA fabric health on this node.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(sp: argparse.ArgumentParser, json_flag: bool = True) -> None:
+        sp.add_argument(
+            "--config",
+            metavar="FILE",
+            default=None,
+            help=f"config file (default ${'NODEAGENT_CONFIG'} or {default_config_path()})",
+        )
+        if json_flag:
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+    common(sub.add_parser("check", help="evaluate everything once, change nothing"))
+    ap = sub.add_parser("apply", help="repair local drift once (network, sysctls), then check")
+    common(ap)
+    ap.add_argument("--dry-run", action="store_true", help="print the repairs, change nothing")
+    rp = sub.add_parser("run", help="the daemon: event-driven repair and status")
+    common(rp, json_flag=False)
+    rp.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    common(sub.add_parser("status", help="what the running daemon last saw"))
+    return p
+
+
+def _load(path: str | None) -> Config:
+    return load_config(path or default_config_path())
+
+
+def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) -> None:
+    if as_json:
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    verdict = "fabric ready" if data["ok"] else "FABRIC NOT READY"
+    print(f"node {data['node']}: {verdict}")
+    for c in data["conditions"]:
+        print(f"  {c['type']:<22} {c['status']:<8} {c['reason']:<24} {c['message']}")
+    if data.get("actions"):
+        print("would run:" if dry_run else "repaired:")
+        for a in data["actions"]:
+            print(f"  {a}")
+    for e in data.get("errors", []):
+        print(f"error: {e}")
+
+
+def _ipr() -> Any:
+    from pyroute2 import IPRoute
+
+    return IPRoute()
+
+
+def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
+    from nodeagent.evaluate import Evaluator
+
+    cfg = _load(args.config)
+    dry_run = bool(getattr(args, "dry_run", False))
+    with _ipr() as ipr:
+        # check and dry-run change nothing, not even the learned-pin state.
+        evaluator = Evaluator(cfg, ipr, persist_pins=repair and not dry_run)
+        repairs = evaluator.probe_and_repair(repair=repair, dry_run=dry_run)
+        report = evaluator.judge(repairs)
+    data = report.as_dict()
+    _print_report(data, args.json, dry_run=dry_run)
+    return EXIT_OK if report.ok else EXIT_NOT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from nodeagent.agent import Agent
+
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="nodeagent %(levelname)s %(name)s: %(message)s",
+    )
+    path = args.config or default_config_path()
+    cfg = load_config(path)
+    agent = Agent(cfg, reload=lambda: load_config(path))
+    agent.install_signals()
+    return agent.run()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from nodeagent.publish.status import read_status, status_path
+
+    cfg = _load(args.config)
+    stale_after = 2 * cfg.resync_interval + 10
+    path = status_path(cfg.runtime_dir)
+    try:
+        view = read_status(cfg.runtime_dir, stale_after)
+    except FileNotFoundError:
+        missing = f"no status file at {path}: the daemon has not run"
+        if args.json:
+            _print_report(
+                {
+                    "node": cfg.resolved_node_name(),
+                    "ok": False,
+                    "conditions": [],
+                    "actions": [],
+                    "daemon": {"running": False, "problem": missing},
+                },
+                True,
+            )
+        else:
+            print(missing)
+        return EXIT_NOT_OK
+    except (OSError, ValueError) as exc:
+        print(f"cannot read status file {path}: {exc}", file=sys.stderr)
+        return EXIT_NOT_OK
+    data = view.data
+    problem: str | None = view.problem
+    data["daemon"].update(
+        {
+            "running": view.running,
+            "age_seconds": round(view.age, 3),
+            "stale": view.stale,
+            "problem": problem,
+        }
+    )
+    if problem:
+        data["ok"] = False
+    _print_report(data, args.json)
+    if not args.json:
+        print(
+            problem
+            or f"daemon pid {data['daemon'].get('pid')} running, last pass {view.age:.1f}s ago"
+        )
+    return EXIT_OK if data["ok"] else EXIT_NOT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            return cmd_check(args)
+        if args.command == "apply":
+            return cmd_check(args, repair=True)
+        if args.command == "run":
+            return cmd_run(args)
+        return cmd_status(args)
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"nodeagent: invalid config: {line}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""One pass: probes -> checks -> remedies -> (re-probe) -> findings.
+
+Shared by `check`, `apply` and the daemon. The Evaluator keeps what must survive between
+passes (the latest observation of every rail, the learned pins) so the daemon can re-probe
+just the rail an event touched and still report on all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent.checks.fabric import device_plugin_finding, fabric_finding, lustre_finding
+from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.network import network_finding, rail_drift
+from nodeagent.config import Config, Rail
+from nodeagent.model import Drift, Finding, GidTable, RailObservation
+from nodeagent.probes.gid import read_gid_table
+from nodeagent.probes.netlink import observe_rails
+from nodeagent.remedies.network import Action, execute, plan_rail
+from nodeagent.state import load_pins, save_pins
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Report:
+    """What check/apply print with --json and what the status file holds."""
+
+    node: str
+    findings: list[Finding]
+    actions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    gid_source: str = "none"
+    rails: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "ok": self.ok,
+            "conditions": [f.as_dict() for f in self.findings],
+            "actions": list(self.actions),
+            "errors": list(self.errors),
+            "gid_source": self.gid_source,
+            "rails": self.rails,
+        }
+
+
+@dataclass
+class Repairs:
+    done: dict[str, list[Action]] = field(default_factory=dict)  # rail -> ran (or planned)
+    errors: list[str] = field(default_factory=list)
+
+    def texts(self) -> list[str]:
+        return [a.text for acts in self.done.values() for a in acts]
+
+
+class Evaluator:
+    def __init__(self, cfg: Config, ipr: Any, persist_pins: bool = True) -> None:
+        self.cfg = cfg
+        self.ipr = ipr
+        self.persist_pins = persist_pins
+        self.rails = {r.name: r for r in cfg.rails}
+        self.observations: dict[str, RailObservation] = {}
+        self.pins = load_pins(cfg)
+        self.gid_table = GidTable(source="none")
+
+    def _observe(self, rails: Iterable[Rail]) -> None:
+        rails = list(rails)
+        if not rails:
+            return
+        keys = {r.name: sorted(self.cfg.sysctls_for(r)) for r in rails}
+        self.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs, keys))
+
+    def ifindex(self, rail: str) -> int | None:
+        obs = self.observations.get(rail)
+        return obs.link.index if obs is not None and obs.link is not None else None
+
+    def probe_and_repair(
+        self,
+        rails: Iterable[str] | None = None,
+        repair: bool = False,
+        dry_run: bool = False,
+        skip_repair: Mapping[str, str] | None = None,
+    ) -> Repairs:
+        """Probe the given rails (default all) and, when asked, repair their drift.
+
+        `skip_repair` maps rails whose repairs are paused (ManagedElsewhere) to why.
+        With `dry_run` the planned actions are returned and nothing is changed.
+        """
+        names = list(self.rails) if rails is None else [n for n in rails if n in self.rails]
+        self._observe(self.rails[n] for n in names)
+        out = Repairs()
+        if not repair:
+            return out
+        for name in names:
+            if skip_repair and name in skip_repair:
+                continue
+            drift = rail_drift(self.cfg, self.rails[name], self.observations[name])
+            actions = plan_rail(self.cfg, self.rails[name], self.ifindex(name), drift)
+            if not actions:
+                continue
+            if dry_run:
+                out.done[name] = actions
+                continue
+            done, errs = execute(self.ipr, self.cfg.paths.procfs, self.rails, actions)
+            out.errors.extend(errs)
+            for line in errs:
+                log.error("%s", line)
+            if done:
+                out.done[name] = done
+                for a in done:
+                    log.info("repaired %s", a.text)
+        if out.done and not dry_run:
+            self._observe(self.rails[n] for n in out.done)
+        return out
+
+    def judge(
+        self,
+        repairs: Repairs | None = None,
+        overrides: Mapping[str, tuple[str, str]] | None = None,
+    ) -> Report:
+        """Findings for every rail from the latest observations.
+
+        `overrides` carries the daemon's time-based verdicts (LinkFlapping,
+        ManagedElsewhere) into RoCENetworkReady.
+        """
+        repairs = repairs or Repairs()
+        drift = {
+            n: rail_drift(self.cfg, self.rails[n], obs)
+            for n, obs in self.observations.items()
+            if n in self.rails
+        }
+        report = self._report(drift, overrides, list(repairs.errors))
+        report.actions = repairs.texts()
+        return report
+
+    def _report(
+        self,
+        drift: Mapping[str, list[Drift]],
+        overrides: Mapping[str, tuple[str, str]] | None,
+        errors: list[str],
+    ) -> Report:
+        cfg = self.cfg
+        net = network_finding(cfg, drift, overrides)
+        self.gid_table = (
+            read_gid_table(cfg.gid_source, cfg.paths.sysfs)
+            if cfg.rails
+            else (GidTable(source="none"))
+        )
+        verdict = gid_finding(cfg, self.gid_table, self.pins)
+        if verdict.learned:
+            self.pins.update(verdict.learned)
+            if self.persist_pins:
+                try:
+                    save_pins(cfg, self.pins)
+                except OSError as exc:
+                    errors.append(f"cannot save learned GID pins in {cfg.state_dir}: {exc}")
+        parts = [net, verdict.finding, device_plugin_finding(cfg), lustre_finding(cfg)]
+        findings = [*parts, fabric_finding(parts)]
+        rails = []
+        for rail in cfg.rails:
+            obs = self.observations.get(rail.name)
+            pin = (
+                rail.gid_index
+                if rail.gid_index is not None
+                else (self.pins[rail.name].index if rail.name in self.pins else None)
+            )
+            rails.append(
+                {
+                    "name": rail.name,
+                    "interface": rail.interface,
+                    "carrier": obs.link.carrier if obs and obs.link else None,
+                    "mtu": obs.link.mtu if obs and obs.link else None,
+                    "drift": [d.message for d in drift.get(rail.name, [])],
+                    "gid_index": verdict.observed.get(rail.name),
+                    "gid_index_pinned": pin,
+                }
+            )
+        return Report(
+            node=cfg.resolved_node_name(),
+            findings=findings,
+            errors=errors,
+            gid_source=self.gid_table.source,
+            rails=rails,
+        )

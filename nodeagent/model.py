@@ -1,0 +1,197 @@
+"""The few types shared by probes, checks, remedies and publishers.
+
+Probes produce observations (plain, immutable data read from the world), checks turn
+observations into Findings, remedies turn drift into Actions. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Condition types of the public contract (True = good).
+ROCE_NETWORK_READY = "RoCENetworkReady"
+ROCE_GID_STABLE = "RoCEGIDStable"
+RDMA_DEVICE_PLUGIN_READY = "RDMADevicePluginReady"
+LUSTRE_READY = "LustreReady"
+FABRIC_READY = "FabricReady"
+CONDITION_TYPES = (
+    ROCE_NETWORK_READY,
+    ROCE_GID_STABLE,
+    RDMA_DEVICE_PLUGIN_READY,
+    LUSTRE_READY,
+    FABRIC_READY,
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """The verdict for one condition type: what `kubectl describe node` will show."""
+
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "True"
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "type": self.type,
+            "status": self.status,
+            "reason": self.reason,
+            "message": self.message,
+        }
+
+
+# ---------------------------------------------------------------- network observations
+
+
+@dataclass(frozen=True)
+class LinkState:
+    ifname: str
+    index: int
+    mtu: int
+    admin_up: bool
+    carrier: bool
+    operstate: str
+    # The kernel's own carrier counters (IFLA_CARRIER_CHANGES / _DOWN_COUNT): flaps that
+    # happen between two reads, or while a netlink buffer overflowed, are still counted.
+    carrier_changes: int | None = None
+    carrier_down_count: int | None = None
+
+
+@dataclass(frozen=True)
+class AddressInfo:
+    address: str  # without prefix
+    prefixlen: int
+    family: int  # socket.AF_INET / AF_INET6
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.address}/{self.prefixlen}"
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    table: int
+    dst: str  # "0.0.0.0/0" for default
+    gateway: str | None
+    oif: int | None
+    prefsrc: str | None = None
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    priority: int | None
+    src: str | None  # "10.0.0.5/32"
+    table: int
+
+
+@dataclass(frozen=True)
+class RailObservation:
+    """Everything the netlink and sysctl probes saw of one rail at one instant."""
+
+    rail: str
+    link: LinkState | None  # None: the interface does not exist
+    addresses: tuple[AddressInfo, ...] = ()
+    routes: tuple[RouteInfo, ...] = ()  # routes in the rail's table (if any)
+    rules: tuple[RuleInfo, ...] = ()  # IPv4 rules that look up the rail's table or name its address
+    sysctls: dict[str, str | None] = field(default_factory=dict)  # key -> value, None unreadable
+
+
+# ---------------------------------------------------------------- GID table
+
+
+class GidType(enum.Enum):
+    """One enum for both sysfs strings and pyverbs numbers (which disagree)."""
+
+    IB_ROCE_V1 = "IB/RoCE v1"
+    ROCE_V2 = "RoCE v2"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class GidEntry:
+    device: str
+    port: int
+    index: int
+    gid: str  # canonical IPv6 text, e.g. "::ffff:10.10.0.5"
+    gid_type: GidType
+    ndev: str | None  # netdev name the GID belongs to; None when unknown
+
+    @property
+    def ipv4(self) -> str | None:
+        """The IPv4 address of an IPv4-mapped GID, else None."""
+        prefix = "::ffff:"
+        if self.gid.startswith(prefix) and "." in self.gid:
+            return self.gid[len(prefix) :]
+        return None
+
+
+@dataclass(frozen=True)
+class GidTable:
+    """The non-empty entries of every RDMA port, plus where they came from."""
+
+    source: Literal["sysfs", "pyverbs", "none"]
+    entries: tuple[GidEntry, ...] = ()
+    errors: tuple[str, ...] = ()  # unreadable devices/ports, one line each
+
+    def for_netdev(self, ifname: str) -> tuple[GidEntry, ...]:
+        return tuple(e for e in self.entries if e.ndev == ifname)
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A learned or configured GID pin for one rail."""
+
+    index: int
+    device: str | None = None
+    port: int | None = None
+    learned: bool = False
+
+
+# ---------------------------------------------------------------- drift (checks -> remedies)
+
+
+class DriftKind(enum.Enum):
+    """What is wrong on a rail, in the order that picks a condition's reason."""
+
+    INTERFACE_MISSING = "InterfaceMissing"
+    LINK_ADMIN_DOWN = "LinkDown"
+    NO_CARRIER = "NoCarrier"
+    ADDRESS_MISSING = "AddressMissing"
+    ADDRESS_PREFIX = "AddressPrefixWrong"
+    MTU = "MTUMismatch"
+    ROUTE_MISSING = "RouteMissing"
+    RULE_MISSING = "RuleMissing"
+    RULE_STALE = "RuleStale"
+    SYSCTL = "SysctlMismatch"
+    FOREIGN_ADDRESS = "ForeignAddress"
+
+    @property
+    def reason(self) -> str:
+        return self.value
+
+
+DRIFT_ORDER = {kind: i for i, kind in enumerate(DriftKind)}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One difference between a rail's config and the kernel.
+
+    `detail` names the item for kinds that have several (the route's destination, the
+    sysctl key, the foreign or wrong-prefix address, the stale rule's priority).
+    """
+
+    rail: str
+    kind: DriftKind
+    message: str
+    repairable: bool
+    detail: str = ""

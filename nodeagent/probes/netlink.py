@@ -1,0 +1,101 @@
+"""Read each rail's kernel state over rtnetlink (pyroute2). Read-only.
+
+`ipr` is a pyroute2 IPRoute opened by the caller (in the agent's own network namespace, or a
+named one in tests), so this module never decides where it looks.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from nodeagent.config import Rail
+from nodeagent.model import AddressInfo, LinkState, RailObservation, RouteInfo, RuleInfo
+from nodeagent.probes.sysctl import read_rail_sysctls
+
+IFF_UP = 0x1
+
+
+def link_from_msg(msg: Any) -> LinkState:
+    return LinkState(
+        ifname=str(msg.get("ifname")),
+        index=int(msg["index"]),
+        mtu=int(msg.get("mtu") or 0),
+        admin_up=bool(int(msg["flags"]) & IFF_UP),
+        carrier=bool(msg.get("carrier")),
+        operstate=str(msg.get("operstate") or "UNKNOWN"),
+        carrier_changes=msg.get("carrier_changes"),
+        carrier_down_count=msg.get("carrier_down_count"),
+    )
+
+
+def _addr_from_msg(msg: Any) -> AddressInfo | None:
+    address = msg.get("address")
+    if address is None:
+        return None
+    return AddressInfo(address=str(address), prefixlen=int(msg["prefixlen"]), family=msg["family"])
+
+
+def _route_from_msg(msg: Any) -> RouteInfo:
+    dst = msg.get("dst") or "0.0.0.0"
+    return RouteInfo(
+        table=int(msg.get("table") or msg["table"]),
+        dst=f"{dst}/{msg['dst_len']}",
+        gateway=msg.get("gateway"),
+        oif=msg.get("oif"),
+        prefsrc=msg.get("prefsrc"),
+    )
+
+
+def _rule_from_msg(msg: Any) -> RuleInfo:
+    src = msg.get("src")
+    return RuleInfo(
+        priority=msg.get("priority"),
+        src=f"{src}/{msg['src_len']}" if src else None,
+        table=int(msg.get("table") or msg["table"]),
+    )
+
+
+def observe_rails(
+    ipr: Any, rails: Iterable[Rail], procfs_root: Path, sysctl_keys: dict[str, list[str]]
+) -> dict[str, RailObservation]:
+    """One snapshot of every given rail: link, addresses, its table's routes, its rules, sysctls.
+
+    `sysctl_keys` maps rail name -> sysctl names to read for it.
+    """
+    rails = list(rails)
+    links = {str(m.get("ifname")): link_from_msg(m) for m in ipr.get_links()}
+    addrs: dict[int, list[AddressInfo]] = {}
+    for msg in ipr.get_addr():
+        info = _addr_from_msg(msg)
+        if info is not None:
+            addrs.setdefault(int(msg["index"]), []).append(info)
+    rules = [_rule_from_msg(m) for m in ipr.get_rules(family=socket.AF_INET)]
+
+    observed: dict[str, RailObservation] = {}
+    for rail in rails:
+        link = links.get(rail.interface)
+        if link is None:
+            observed[rail.name] = RailObservation(rail=rail.name, link=None)
+            continue
+        routes: tuple[RouteInfo, ...] = ()
+        if rail.table is not None:
+            routes = tuple(
+                _route_from_msg(m)
+                for m in ipr.get_routes(table=rail.table, family=socket.AF_INET)
+                if int(m.get("table") or m["table"]) == rail.table
+            )
+        own_src = f"{rail.ip}/32"
+        observed[rail.name] = RailObservation(
+            rail=rail.name,
+            link=link,
+            addresses=tuple(addrs.get(link.index, ())),
+            routes=routes,
+            rules=tuple(
+                r for r in rules if r.src == own_src or (rail.table and r.table == rail.table)
+            ),
+            sysctls=read_rail_sysctls(procfs_root, rail.interface, sysctl_keys.get(rail.name, [])),
+        )
+    return observed
