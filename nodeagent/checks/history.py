@@ -54,12 +54,12 @@ class FlapTracker:
     def flapping(self, now: float) -> bool:
         while self._losses and self._losses[0] <= now - self.window:
             self._losses.popleft()
+        if self._flapping and (self._last_change is None or now - self._last_change >= self.dwell):
+            # Stable for the dwell: the storm is over, and its losses no longer count.
+            self._flapping = False
+            self._losses.clear()
         if len(self._losses) > self.max_flaps:
             self._flapping = True
-        elif self._flapping and (
-            self._last_change is None or now - self._last_change >= self.dwell
-        ):
-            self._flapping = False
         return self._flapping
 
     def in_window(self, now: float) -> int:

@@ -1,0 +1,202 @@
+"""Test helpers: real network namespaces, the real CLI, fixture sysfs GID trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PYTHON = sys.executable
+
+
+def require_root_netns() -> None:
+    """Fail (never skip) when the real parts these tests need are missing."""
+    if os.geteuid() != 0:
+        raise RuntimeError("netns tests need root (they create network namespaces)")
+    if shutil.which("ip") is None:
+        raise RuntimeError("netns tests need iproute2's `ip` (apt-get install iproute2)")
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), check=check, text=True, capture_output=True)
+
+
+@dataclass
+class Netns:
+    name: str
+    daemons: list[subprocess.Popen[str]] = field(default_factory=list)
+
+    def ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return sh("ip", "netns", "exec", self.name, "ip", *args, check=check)
+
+    def ipj(self, *args: str) -> Any:
+        out = self.ip("-j", *args).stdout.strip()
+        return json.loads(out) if out else []
+
+    def exec(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return sh("ip", "netns", "exec", self.name, *args, check=check)
+
+    def veth(self, rail: str, peer: str, up_peer: bool = True) -> None:
+        self.ip("link", "add", "name", rail, "type", "veth", "peer", "name", peer)
+        if up_peer:
+            self.ip("link", "set", peer, "up")
+
+    def addresses(self, ifname: str, family: str = "inet") -> list[str]:
+        data = self.ipj("-f", family, "addr", "show", "dev", ifname)
+        return [f"{a['local']}/{a['prefixlen']}" for d in data for a in d.get("addr_info", [])]
+
+    def link(self, ifname: str) -> dict[str, Any]:
+        data: list[dict[str, Any]] = self.ipj("link", "show", "dev", ifname)
+        return data[0]
+
+    def routes(self, table: int) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.ipj("route", "show", "table", str(table))
+        return result
+
+    def rules(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.ipj("rule", "show")
+        return result
+
+    def sysctl(self, ifname: str, key: str, family: str = "ipv4") -> str:
+        return self.exec("cat", f"/proc/sys/net/{family}/conf/{ifname}/{key}").stdout.strip()
+
+    def nodeagent(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return self.exec(PYTHON, "-m", "nodeagent", *args, check=check)
+
+    def start_daemon(self, config: Path, *extra: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.name, PYTHON, "-m", "nodeagent", "run",
+             "--config", str(config), *extra],
+            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        self.daemons.append(proc)
+        return proc
+
+    def delete(self) -> None:
+        for proc in self.daemons:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        sh("ip", "netns", "del", self.name, check=False)
+
+
+def new_netns() -> Netns:
+    require_root_netns()
+    name = f"na-{uuid.uuid4().hex[:8]}"
+    sh("ip", "netns", "add", name)
+    ns = Netns(name)
+    ns.ip("link", "set", "lo", "up")
+    return ns
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll until predicate() is truthy; fail with `what` after a generous deadline.
+
+    The deadline is a hang guard, not a performance assertion.
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def stop_daemon(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[int, str]:
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=20)
+    return proc.returncode, out
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def read_status(runtime_dir: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((runtime_dir / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data
+
+
+def condition(data: dict[str, Any], ctype: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(c for c in data["conditions"] if c["type"] == ctype)
+    return found
+
+
+# ---------------------------------------------------------------- fixture GID trees
+
+
+def gid_text(address: str) -> str:
+    """Kernel sysfs spelling of a GID: eight groups of four hex digits."""
+    import ipaddress
+
+    packed = ipaddress.IPv6Address(address).packed
+    return ":".join(packed[i : i + 2].hex() for i in range(0, 16, 2))
+
+
+def make_gid_tree(
+    root: Path,
+    device: str,
+    entries: Iterable[tuple[int, str, str, str]],
+    port: int = 1,
+    slots: int = 16,
+) -> Path:
+    """Write <root>/class/infiniband/<device>/ports/<port>/{gids,gid_attrs} like the kernel.
+
+    `entries` are (index, gid, type text, ndev); other slots are all-zero GIDs whose
+    attribute files are directories (reading them fails like the kernel's EINVAL).
+    """
+    base = root / "class" / "infiniband" / device / "ports" / str(port)
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    filled = {i: (g, t, n) for i, g, t, n in entries}
+    for i in range(max(slots, max(filled, default=-1) + 1)):
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            path = base / sub / str(i)
+            if path.is_dir():
+                path.rmdir()
+            elif path.exists():
+                path.unlink()
+        if i in filled:
+            gid, gtype, ndev = filled[i]
+            (base / "gids" / str(i)).write_text(gid_text(gid) + "\n")
+            (base / "gid_attrs" / "types" / str(i)).write_text(gtype + "\n")
+            (base / "gid_attrs" / "ndevs" / str(i)).write_text(ndev + "\n")
+        else:
+            (base / "gids" / str(i)).write_text(gid_text("::") + "\n")
+            (base / "gid_attrs" / "types" / str(i)).mkdir()
+            (base / "gid_attrs" / "ndevs" / str(i)).mkdir()
+    return root
+
+
+def roce_entries(ndev: str, ipv4: str | None, ipv4_index: int = 2) -> list[tuple[int, str, str, str]]:
+    """A mlx5-like port: default link-local v1/v2 at 0/1, the IPv4 pair at index, index+1.
+
+    The returned IPv4 RoCE v2 GID sits at `ipv4_index + 1`.
+    """
+    out = [
+        (0, "fe80::1", "IB/RoCE v1", ndev),
+        (1, "fe80::1", "RoCE v2", ndev),
+    ]
+    if ipv4 is not None:
+        out += [
+            (ipv4_index, f"::ffff:{ipv4}", "IB/RoCE v1", ndev),
+            (ipv4_index + 1, f"::ffff:{ipv4}", "RoCE v2", ndev),
+        ]
+    return out

@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.config import ConfigError, load_config, parse_config, parse_duration
+
+RAIL = {"name": "rail0", "interface": "ens1f0", "address": "10.10.0.5/24"}
+
+
+def problems(data: Any) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return info.value.problems
+
+
+def test_minimal_config_defaults() -> None:
+    cfg = parse_config({"rails": [RAIL]})
+    assert cfg.resync_interval == 30.0
+    assert str(cfg.state_dir) == "/var/lib/nodeagent"
+    assert str(cfg.runtime_dir) == "/run/nodeagent"
+    assert cfg.kubernetes is None and cfg.lustre is None and cfg.device_plugin is None
+    assert cfg.sysctls_for(cfg.rails[0]) == {
+        "arp_ignore": 1, "arp_announce": 2, "rp_filter": 2, "accept_ra": 0}
+    assert cfg.rails[0].ip == "10.10.0.5" and cfg.rails[0].network == "10.10.0.0/24"
+
+
+def test_empty_file_is_a_valid_local_only_config() -> None:
+    cfg = parse_config(None)
+    assert cfg.rails == []
+
+
+def test_design_example_config_is_valid() -> None:
+    cfg = parse_config({
+        "node_name": "gpu-01",
+        "paths": {"sysfs": "/sys", "procfs": "/proc"},
+        "state_dir": "/var/lib/nodeagent",
+        "runtime_dir": "/run/nodeagent",
+        "rails": [{"name": "rail0", "interface": "ens1f0", "address": "10.10.0.5/24",
+                   "mtu": 4200, "table": 100, "rule_priority": 1000, "gateway": "10.10.0.1",
+                   "gid_index": 3}],
+        "gid_source": "auto",
+        "device_plugin": {"namespace": "kube-system", "daemonset": "rdma-shared-dp-ds",
+                          "resource": "rdma/rdma_shared_device_a", "min_allocatable": 1},
+        "lustre": [{"mountpoint": "/lustre/scratch", "source": "10.0.0.1@o2ib:/scratch",
+                    "timeout": "5s"}],
+        "kubernetes": {"kubeconfig": "/etc/nodeagent/kubeconfig",
+                       "taint": {"key": "example.com/fabric", "effect": "NoSchedule"},
+                       "cordon": False, "clear_after": "30s"},
+    })
+    assert cfg.lustre is not None and cfg.lustre[0].timeout == 5.0
+    assert cfg.kubernetes is not None and cfg.kubernetes.clear_after == 30.0
+
+
+@pytest.mark.parametrize(
+    ("rail_patch", "expected"),
+    [
+        ({"address": "10.0.0.300/24"},
+         "rails[0].address: '10.0.0.300/24' is not an IPv4 interface address"),
+        ({"address": "10.0.0.3"},
+         "rails[0].address: '10.0.0.3' has no prefix length (e.g. 10.10.0.5/24)"),
+        ({"interface": "way-too-long-interface"},
+         "rails[0].interface: 'way-too-long-interface' is not a valid interface name"),
+        ({"gateway": "10.10.0.999", "table": 100},
+         "rails[0].gateway: '10.10.0.999' is not an IPv4 address"),
+        ({"table": 254},
+         "rails[0].table: 254 is reserved or out of range (use 1..252 or 256..4294967295)"),
+        ({"mtu": 10}, "rails[0].mtu: Input should be greater than or equal to 68 (got 10)"),
+        ({"colour": "blue"}, "rails[0].colour: unknown key"),
+        ({"sysctls": {"rp_filter": 7}}, "rails[0].sysctls: rp_filter=7 is out of range 0..2"),
+        ({"sysctls": {"forwarding": 1}},
+         "rails[0].sysctls: unknown rail sysctl 'forwarding' (known: accept_ra, "
+         "addr_gen_mode, arp_announce, arp_ignore, disable_ipv6, rp_filter)"),
+    ],
+)
+def test_rail_field_errors(rail_patch: dict[str, Any], expected: str) -> None:
+    assert problems({"rails": [{**RAIL, **rail_patch}]}) == [expected]
+
+
+def test_missing_required_keys() -> None:
+    assert problems({"rails": [{"name": "rail0"}]}) == [
+        "rails[0].interface: required key is missing",
+        "rails[0].address: required key is missing",
+    ]
+
+
+def test_every_problem_reported_at_once() -> None:
+    got = problems({"rails": [RAIL, {**RAIL, "name": "rail1", "address": "bad"}],
+                    "resync_interval": "soon", "bogus": 1})
+    # In the order the keys are documented, whatever order the file has them in.
+    assert got == [
+        "resync_interval: 'soon' is not a duration (use e.g. 30s, 500ms, 2m)",
+        "rails[1].address: 'bad' has no prefix length (e.g. 10.10.0.5/24)",
+        "bogus: unknown key",
+    ]
+
+
+def test_duplicates() -> None:
+    got = problems({"rails": [
+        {**RAIL, "table": 100},
+        {**RAIL, "table": 100},
+    ]})
+    assert got == [
+        "rails[1].name: 'rail0' duplicates rails[0].name",
+        "rails[1].interface: 'ens1f0' duplicates rails[0].interface",
+        "rails[1].address: '10.10.0.5' duplicates rails[0].address",
+        "rails[1].table: 100 duplicates rails[0].table",
+    ]
+
+
+def test_duplicate_address_with_other_prefix() -> None:
+    got = problems({"rails": [RAIL, {"name": "r1", "interface": "ens2", "address": "10.10.0.5/16"}]})
+    assert got == ["rails[1].address: '10.10.0.5' duplicates rails[0].address"]
+
+
+def test_rule_priority_and_gateway_need_a_table() -> None:
+    got = problems({"rails": [{**RAIL, "rule_priority": 1000, "gateway": "10.10.0.1"}]})
+    assert got == [
+        "rails[0].rule_priority: set without rails[0].table",
+        "rails[0].gateway: set without rails[0].table",
+    ]
+
+
+def test_gateway_outside_subnet() -> None:
+    got = problems({"rails": [{**RAIL, "table": 100, "gateway": "10.99.0.1"}]})
+    assert got == ["rails[0].gateway: 10.99.0.1 is outside the rail subnet 10.10.0.0/24"]
+
+
+def test_unknown_top_level_and_nested_keys() -> None:
+    got = problems({"kubernetes": {"taint": {"key": "k", "effekt": "NoSchedule"}},
+                    "gid_source": "magic"})
+    assert got == [
+        "gid_source: Input should be 'auto', 'pyverbs' or 'sysfs' (got 'magic')",
+        "kubernetes.taint.effekt: unknown key",
+    ]
+
+
+def test_top_level_must_be_a_mapping() -> None:
+    assert problems(["rails"]) == ["(top level): expected a mapping of keys, got list"]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), (5, 5.0), ("1.5", 1.5)])
+def test_durations(text: Any, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_resync_interval_floor() -> None:
+    assert problems({"resync_interval": "100ms"}) == [
+        "resync_interval: 0.1s is too short (at least 1s)"]
+
+
+def test_load_config_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "absent.yaml")
+    assert info.value.problems == [f"{tmp_path / 'absent.yaml'}: config file not found"]
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rails:\n  - name: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert len(info.value.problems) == 1
+    assert info.value.problems[0].startswith(f"{bad}: line 3: invalid YAML")
+
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("rails:\n  - {name: a, interface: e0, address: 1.2.3.4/33}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(wrong)
+    assert info.value.problems == [
+        f"{wrong}: rails[0].address: '1.2.3.4/33' is not an IPv4 interface address"]
+
+
+def test_cli_invalid_config_exits_2_with_one_line_per_problem(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rails:\n  - {name: a, interface: e0, address: x}\n  - {name: a, extra: 1}\n")
+    for verb in (["check"], ["apply"], ["apply", "--dry-run"], ["status"], ["run"]):
+        res = subprocess.run([sys.executable, "-m", "nodeagent", *verb, "--config", str(cfg)],
+                             capture_output=True, text=True)
+        assert res.returncode == 2, (verb, res.stderr)
+        assert res.stdout == ""
+        assert res.stderr.splitlines() == [
+            f"nodeagent: invalid config: {cfg}: rails[0].address: 'x' has no prefix length "
+            "(e.g. 10.10.0.5/24)",
+            f"nodeagent: invalid config: {cfg}: rails[1].interface: required key is missing",
+            f"nodeagent: invalid config: {cfg}: rails[1].address: required key is missing",
+            f"nodeagent: invalid config: {cfg}: rails[1].extra: unknown key",
+        ]
+
+
+def test_config_path_from_environment(tmp_path: Path) -> None:
+    cfg = tmp_path / "env.yaml"
+    cfg.write_text("bogus: 1\n")
+    res = subprocess.run([sys.executable, "-m", "nodeagent", "check"], capture_output=True,
+                         text=True, env={"NODEAGENT_CONFIG": str(cfg), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"nodeagent: invalid config: {cfg}: bogus: unknown key"
+
+
+def test_bad_usage_exits_2() -> None:
+    res = subprocess.run([sys.executable, "-m", "nodeagent", "frobnicate"], capture_output=True,
+                         text=True)
+    assert res.returncode == 2

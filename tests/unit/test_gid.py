@@ -1,0 +1,223 @@
+"""GID table readers (sysfs fixture trees, real pyverbs objects) and RoCEGIDStable."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+from helpers import gid_text, make_gid_tree, roce_entries
+
+from nodeagent.checks.gid import gid_finding
+from nodeagent.config import parse_config
+from nodeagent.model import GidEntry, GidTable, GidType, Pin
+from nodeagent.probes.gid import (
+    entry_from_pyverbs,
+    gid_type_from_entry,
+    gid_type_from_query,
+    parse_gid,
+    read_gid_table,
+    read_sysfs,
+)
+
+
+def cfg(**rail: object):  # type: ignore[no-untyped-def]
+    base = {"name": "rail0", "interface": "ens1f0", "address": "10.10.0.5/24"}
+    return parse_config({"rails": [{**base, **rail}]})
+
+
+# ---------------------------------------------------------------- sysfs reader
+
+
+def test_mlx5_like_table(tmp_path: Path) -> None:
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("ens1f0", "10.10.0.5"), slots=255)
+    table = read_sysfs(tmp_path)
+    assert table.source == "sysfs" and table.errors == ()
+    assert [(e.index, e.gid, e.gid_type, e.ndev) for e in table.entries] == [
+        (0, "fe80::1", GidType.IB_ROCE_V1, "ens1f0"),
+        (1, "fe80::1", GidType.ROCE_V2, "ens1f0"),
+        (2, "::ffff:10.10.0.5", GidType.IB_ROCE_V1, "ens1f0"),
+        (3, "::ffff:10.10.0.5", GidType.ROCE_V2, "ens1f0"),
+    ]
+    assert table.entries[3].ipv4 == "10.10.0.5"
+
+
+def test_holes_and_all_zero_entries_are_skipped(tmp_path: Path) -> None:
+    entries = [(0, "fe80::1", "RoCE v2", "eth0"), (7, "::ffff:10.0.0.7", "RoCE v2", "eth0")]
+    make_gid_tree(tmp_path, "rxe0", entries, slots=1024)
+    table = read_sysfs(tmp_path)
+    assert [e.index for e in table.entries] == [0, 7]
+
+
+def test_unreadable_type_and_ndev_files(tmp_path: Path) -> None:
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("ens1f0", "10.10.0.5"))
+    attrs = tmp_path / "class/infiniband/mlx5_0/ports/1/gid_attrs"
+    # EINVAL-like: the attribute cannot be read at all.
+    (attrs / "types/3").unlink()
+    (attrs / "types/3").mkdir()
+    (attrs / "ndevs/2").unlink()
+    table = read_sysfs(tmp_path)
+    by_index = {e.index: e for e in table.entries}
+    assert by_index[3].gid_type is GidType.UNKNOWN
+    assert by_index[2].ndev is None
+    # An entry whose type cannot be read never counts as the pinned RoCE v2 GID.
+    verdict = gid_finding(cfg(gid_index=3), table, {})
+    assert verdict.finding.status == "False"
+    assert verdict.finding.reason == "GIDMissing"
+
+
+def test_garbage_and_truncated_content(tmp_path: Path) -> None:
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("ens1f0", "10.10.0.5"))
+    gids = tmp_path / "class/infiniband/mlx5_0/ports/1/gids"
+    (gids / "0").write_text("not a gid at all\n")
+    (gids / "1").write_text("fe80:0000:00")  # truncated
+    (gids / "junk").write_text("ignored: not a slot number")
+    types = tmp_path / "class/infiniband/mlx5_0/ports/1/gid_attrs/types"
+    (types / "2").write_text("\x00\xff garbage")
+    table = read_sysfs(tmp_path)
+    assert [e.index for e in table.entries] == [2, 3]
+    assert table.entries[0].gid_type is GidType.UNKNOWN
+    assert len(table.errors) == 2
+    assert table.errors[0] == "mlx5_0 port 1 gid 0: unparsable 'not a gid at all'"
+
+
+def test_missing_ports_directory_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    (tmp_path / "class/infiniband/broken0").mkdir(parents=True)
+    table = read_sysfs(tmp_path)
+    assert table.entries == ()
+    assert table.errors == (f"broken0: no ports readable under {tmp_path}/class/infiniband",)
+    verdict = gid_finding(cfg(), table, {})
+    assert (verdict.finding.status, verdict.finding.reason) == ("Unknown", "GIDTableUnreadable")
+
+
+def test_no_rdma_devices(tmp_path: Path) -> None:
+    table = read_gid_table("auto", tmp_path)
+    assert table.source == "none"
+    verdict = gid_finding(cfg(), table, {})
+    assert (verdict.finding.status, verdict.finding.reason) == ("False", "RDMADeviceNotFound")
+    assert verdict.finding.message == "rail0 ens1f0: no GIDs on ens1f0 from any RDMA device"
+
+
+def test_auto_on_a_fixture_root_uses_sysfs(tmp_path: Path) -> None:
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("ens1f0", "10.10.0.5"))
+    assert read_gid_table("auto", tmp_path).source == "sysfs"
+    assert read_gid_table("sysfs", tmp_path).source == "sysfs"
+
+
+def test_parse_gid_spellings() -> None:
+    assert parse_gid(gid_text("::ffff:10.1.2.3")) == "::ffff:10.1.2.3"
+    assert parse_gid("0000:0000:0000:0000:0000:0000:0000:0000") is None
+    assert parse_gid("fe80:0000:0000:0000:0202:c9ff:fe00:0001") == "fe80::202:c9ff:fe00:1"
+    with pytest.raises(ValueError):
+        parse_gid("zz")
+
+
+# ---------------------------------------------------------------- pyverbs mapping
+
+
+def test_pyverbs_is_importable() -> None:
+    """The distro's pyverbs must be there (python3-pyverbs, venv --system-site-packages)."""
+    import pyverbs.device  # noqa: F401
+
+
+def pyverbs_entry(gid: str, index: int, gid_type: int, ifindex: int, port: int = 1):  # type: ignore[no-untyped-def]
+    import pyverbs.device as pvd
+
+    subnet, iface = struct.unpack("=QQ", socket.inet_pton(socket.AF_INET6, gid))
+    return pvd.GIDEntry(subnet, iface, index, port, gid_type, ifindex)
+
+
+def test_pyverbs_entries_map_to_the_same_model_as_sysfs(tmp_path: Path) -> None:
+    names = {7: "ens1f0"}
+    raw = [
+        pyverbs_entry("fe80::1", 0, 1, 7),  # IBV_GID_TYPE_ROCE_V1
+        pyverbs_entry("fe80::1", 1, 2, 7),  # IBV_GID_TYPE_ROCE_V2
+        pyverbs_entry("::ffff:10.10.0.5", 2, 1, 7),
+        pyverbs_entry("::ffff:10.10.0.5", 3, 2, 7),
+    ]
+    mapped = [entry_from_pyverbs("mlx5_0", e, names.get) for e in raw]
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("ens1f0", "10.10.0.5"))
+    assert tuple(mapped) == read_sysfs(tmp_path).entries
+
+
+def test_pyverbs_empty_slot_and_unknown_ifindex() -> None:
+    assert entry_from_pyverbs("rxe0", pyverbs_entry("::", 5, 2, 0), {}.get) is None
+    entry = entry_from_pyverbs("rxe0", pyverbs_entry("::ffff:10.0.0.1", 1, 2, 99), {}.get)
+    assert entry is not None and entry.ndev is None and entry.gid_type is GidType.ROCE_V2
+
+
+def test_both_pyverbs_numberings_map_to_one_enum() -> None:
+    # query_gid_table numbers RoCE v2 as 2, query_gid_type as 1.
+    import pyverbs.enums as e
+
+    assert gid_type_from_entry(e.IBV_GID_TYPE_ROCE_V2) is GidType.ROCE_V2
+    assert gid_type_from_entry(e.IBV_GID_TYPE_ROCE_V1) is GidType.IB_ROCE_V1
+    assert gid_type_from_entry(e.IBV_GID_TYPE_IB) is GidType.IB_ROCE_V1
+    assert gid_type_from_query(e.IBV_GID_TYPE_SYSFS_ROCE_V2) is GidType.ROCE_V2
+    assert gid_type_from_query(e.IBV_GID_TYPE_SYSFS_IB_ROCE_V1) is GidType.IB_ROCE_V1
+    assert gid_type_from_entry(42) is GidType.UNKNOWN
+
+
+def test_pyverbs_configured_but_device_missing_reports_errors(tmp_path: Path) -> None:
+    table = read_gid_table("pyverbs", tmp_path, devices=["nosuchdev0"])
+    assert table.source == "pyverbs" and table.entries == ()
+    assert table.errors and table.errors[0].startswith("nosuchdev0: pyverbs cannot read")
+
+
+# ---------------------------------------------------------------- RoCEGIDStable
+
+
+def table_with(index: int, ip: str = "10.10.0.5", ndev: str = "ens1f0") -> GidTable:
+    return GidTable(source="sysfs", entries=(
+        GidEntry("mlx5_0", 1, 0, "fe80::1", GidType.IB_ROCE_V1, ndev),
+        GidEntry("mlx5_0", 1, 1, "fe80::1", GidType.ROCE_V2, ndev),
+        GidEntry("mlx5_0", 1, index - 1, f"::ffff:{ip}", GidType.IB_ROCE_V1, ndev),
+        GidEntry("mlx5_0", 1, index, f"::ffff:{ip}", GidType.ROCE_V2, ndev),
+    ))
+
+
+def test_configured_pin_holds() -> None:
+    verdict = gid_finding(cfg(gid_index=3), table_with(3), {})
+    assert (verdict.finding.status, verdict.finding.reason) == ("True", "GIDsPinned")
+    assert verdict.learned == {} and verdict.observed == {"rail0": 3}
+
+
+def test_shifted_gid() -> None:
+    verdict = gid_finding(cfg(gid_index=3), table_with(5), {})
+    assert (verdict.finding.status, verdict.finding.reason) == ("False", "GIDIndexShifted")
+    assert verdict.finding.message == (
+        "rail0 ens1f0: IPv4 RoCE v2 GID at index 5, pinned 3 (mlx5_0 port 1)")
+
+
+def test_first_pass_learns_and_later_pass_uses_learned_pin() -> None:
+    first = gid_finding(cfg(), table_with(3), {})
+    assert first.finding.status == "True"
+    assert first.learned == {"rail0": Pin(index=3, device="mlx5_0", port=1, learned=True)}
+    later = gid_finding(cfg(), table_with(5), first.learned)
+    assert later.finding.reason == "GIDIndexShifted"
+    assert later.learned == {}
+
+
+def test_pin_learned_on_other_hardware_is_relearned() -> None:
+    old = {"rail0": Pin(index=9, device="mlx5_7", port=1, learned=True)}
+    verdict = gid_finding(cfg(), table_with(3), old)
+    assert verdict.finding.status == "True"
+    assert verdict.learned["rail0"].index == 3
+
+
+def test_gid_missing_when_address_gone() -> None:
+    table = GidTable(source="sysfs", entries=table_with(3).entries[:2])
+    verdict = gid_finding(cfg(gid_index=3), table, {})
+    assert (verdict.finding.status, verdict.finding.reason) == ("False", "GIDMissing")
+
+
+def test_rdma_device_filter() -> None:
+    verdict = gid_finding(cfg(rdma_device="mlx5_1"), table_with(3), {})
+    assert verdict.finding.reason == "RDMADeviceNotFound"
+    assert "from mlx5_1" in verdict.finding.message
+
+
+def test_no_rails_is_not_configured() -> None:
+    verdict = gid_finding(parse_config({}), GidTable(source="none"), {})
+    assert (verdict.finding.status, verdict.finding.reason) == ("True", "NotConfigured")
