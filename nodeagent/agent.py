@@ -50,15 +50,16 @@ class Work:
 class NetlinkMonitor(threading.Thread):
     """Blocks on rtnetlink multicast and forwards every message; never raises."""
 
-    def __init__(self, out: queue.SimpleQueue[Work]) -> None:
+    def __init__(self, out: queue.SimpleQueue[Work], rcvbuf: int) -> None:
         super().__init__(name="netlink-monitor", daemon=True)
         self.out = out
+        self.rcvbuf = rcvbuf
         self.ready = threading.Event()
 
     def run(self) -> None:
         while True:
             try:
-                with IPRoute() as ipr:
+                with IPRoute(rcvbuf=self.rcvbuf) as ipr:
                     ipr.bind(groups=GROUPS)
                     self.ready.set()
                     self._pump(ipr)
@@ -68,14 +69,19 @@ class NetlinkMonitor(threading.Thread):
                 time.sleep(1.0)
 
     def _pump(self, ipr: Any) -> None:
+        overflows, last_log = 0, 0.0
         while True:
             try:
                 msgs = ipr.get()
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
                     # The kernel dropped events: we no longer know what changed.
-                    log.warning("netlink receive buffer overflowed; full resync")
                     self.out.put(Work("resync"))
+                    overflows += 1
+                    if time.monotonic() - last_log >= 1.0:  # a storm logs once a second
+                        log.warning("netlink receive buffer overflowed (%d times); full resync",
+                                    overflows)
+                        overflows, last_log = 0, time.monotonic()
                     continue
                 raise
             for msg in msgs:
@@ -103,13 +109,18 @@ class Agent:
 
     def _configure(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.flaps = {
-            r.name: FlapTracker(cfg.link_flap.window, cfg.link_flap.max_flaps, cfg.link_flap.dwell)
-            for r in cfg.rails
-        }
-        self.guard = RepairGuard(
-            cfg.repair_guard.max_repairs, cfg.repair_guard.window, cfg.repair_guard.backoff
-        )
+        # Counters and pauses survive a reload: a SIGHUP must not hide a flapping link or
+        # restart a fight the agent had backed out of.
+        flap = (cfg.link_flap.window, cfg.link_flap.max_flaps, cfg.link_flap.dwell)
+        old: dict[str, FlapTracker] = getattr(self, "flaps", {})
+        self.flaps = {r.name: old.get(r.name) or FlapTracker(*flap) for r in cfg.rails}
+        for tracker in self.flaps.values():
+            tracker.retune(*flap)
+        guard = cfg.repair_guard
+        if not hasattr(self, "guard"):
+            self.guard = RepairGuard(guard.max_repairs, guard.window, guard.backoff)
+        self.guard.max_repairs, self.guard.window = guard.max_repairs, guard.window
+        self.guard.backoff = guard.backoff
         self.by_name = {r.interface: r.name for r in cfg.rails}
         self.by_table = {r.table: r.name for r in cfg.rails if r.table is not None}
         self.by_ip = {r.ip: r.name for r in cfg.rails}
@@ -173,6 +184,13 @@ class Agent:
                 )
         return paused, out
 
+    def next_verdict_change(self) -> float | None:
+        """The next time a time-based verdict may change with no event at all."""
+        times = [t.clears_at() for t in self.flaps.values()]
+        times.append(self.guard.resumes_at())
+        due = [t for t in times if t is not None]
+        return min(due) + 0.01 if due else None
+
     def run_pass(self, rails: set[str] | None) -> Report:
         paused, _ = self.overrides()
         repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
@@ -226,7 +244,7 @@ class Agent:
         signal.signal(signal.SIGHUP, on_hup)
 
     def run(self) -> int:
-        monitor = NetlinkMonitor(self.work)
+        monitor = NetlinkMonitor(self.work, self.cfg.netlink_rcvbuf)
         monitor.start()
         monitor.ready.wait(timeout=5.0)
         with IPRoute() as ipr:
@@ -236,13 +254,16 @@ class Agent:
             log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
             next_resync = self.clock() + self.cfg.resync_interval
             while not self._stopping:
-                timeout = max(0.0, next_resync - self.clock())
+                wake = self.next_verdict_change()
+                deadline = next_resync if wake is None else min(next_resync, wake)
                 try:
-                    item: Work | None = self.work.get(timeout=timeout)
+                    item: Work | None = self.work.get(timeout=max(0.0, deadline - self.clock()))
                 except queue.Empty:
                     item = None
-                full = item is None or item.kind == "resync"
+                full = item is None and self.clock() >= next_resync
                 rails: set[str] = set()
+                if item is None and not full:
+                    rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
                 # Drain what else is queued: one pass serves a burst of events.
                 while item is not None:
                     if item.kind == "stop":

@@ -211,6 +211,8 @@ class Config(_Strict):
     state_dir: Path = Path("/var/lib/nodeagent")
     runtime_dir: Path = Path("/run/nodeagent")
     resync_interval: Duration = 30.0
+    # Receive buffer of the netlink event socket; on overflow the agent resyncs everything.
+    netlink_rcvbuf: int = Field(default=1 << 20, ge=4096, le=1 << 30)
     rails: list[Rail] = Field(default_factory=list)
     rail_sysctls: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RAIL_SYSCTLS))
     gid_source: Literal["auto", "pyverbs", "sysfs"] = "auto"

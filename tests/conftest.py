@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import Netns, make_gid_tree, new_netns, roce_entries  # noqa: E402
+from helpers import Netns, make_gid_tree, new_netns, roce_entries
 
 
 @pytest.fixture

@@ -75,11 +75,15 @@ class Netns:
         return self.exec(PYTHON, "-m", "nodeagent", *args, check=check)
 
     def start_daemon(self, config: Path, *extra: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.name, PYTHON, "-m", "nodeagent", "run",
-             "--config", str(config), *extra],
-            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
+        # Log to a file, not a pipe: a pipe nobody drains would block the daemon.
+        log_path = config.with_suffix(f".{len(self.daemons)}.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.name, PYTHON, "-m", "nodeagent", "run",
+                 "--config", str(config), *extra],
+                text=True, stdout=log, stderr=subprocess.STDOUT,
+            )
+        proc.log_path = log_path  # type: ignore[attr-defined]
         self.daemons.append(proc)
         return proc
 
@@ -117,8 +121,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "c
 
 def stop_daemon(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[int, str]:
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=20)
-    return proc.returncode, out
+    proc.wait(timeout=20)
+    return proc.returncode, daemon_log(proc)
+
+
+def daemon_log(proc: subprocess.Popen[str]) -> str:
+    path: Path = proc.log_path  # type: ignore[attr-defined]
+    return path.read_text()
 
 
 def write_config(path: Path, data: dict[str, Any]) -> Path:
@@ -185,7 +194,9 @@ def make_gid_tree(
     return root
 
 
-def roce_entries(ndev: str, ipv4: str | None, ipv4_index: int = 2) -> list[tuple[int, str, str, str]]:
+def roce_entries(
+    ndev: str, ipv4: str | None, ipv4_index: int = 2
+) -> list[tuple[int, str, str, str]]:
     """A mlx5-like port: default link-local v1/v2 at 0/1, the IPv4 pair at index, index+1.
 
     The returned IPv4 RoCE v2 GID sits at `ipv4_index + 1`.

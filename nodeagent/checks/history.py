@@ -62,6 +62,16 @@ class FlapTracker:
             self._flapping = True
         return self._flapping
 
+    def clears_at(self) -> float | None:
+        """When flapping may end if nothing changes: the agent wakes up then to say so."""
+        if not self._flapping or self._last_change is None:
+            return None
+        return self._last_change + self.dwell
+
+    def retune(self, window: float, max_flaps: int, dwell: float) -> None:
+        """New thresholds from a reloaded config; counts and history are kept."""
+        self.window, self.max_flaps, self.dwell = window, max_flaps, dwell
+
     def in_window(self, now: float) -> int:
         self.flapping(now)
         return len(self._losses)
@@ -91,6 +101,9 @@ class RepairGuard:
                     f"for {self.backoff:g}s"
                 )
                 self._paused[rail] = (now + self.backoff, why)
+
+    def resumes_at(self) -> float | None:
+        return min((until for until, _ in self._paused.values()), default=None)
 
     def paused(self, now: float, rail: str) -> str | None:
         """Why the rail's repairs are paused, or None when the agent may repair it."""

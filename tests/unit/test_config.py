@@ -113,7 +113,8 @@ def test_duplicates() -> None:
 
 
 def test_duplicate_address_with_other_prefix() -> None:
-    got = problems({"rails": [RAIL, {"name": "r1", "interface": "ens2", "address": "10.10.0.5/16"}]})
+    other = {"name": "r1", "interface": "ens2", "address": "10.10.0.5/16"}
+    got = problems({"rails": [RAIL, other]})
     assert got == ["rails[1].address: '10.10.0.5' duplicates rails[0].address"]
 
 

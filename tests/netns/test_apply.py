@@ -1,0 +1,216 @@
+"""`check` and `apply` against real kernels state in throwaway network namespaces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from helpers import Netns, condition, write_config
+
+
+def run_json(ns: Netns, verb: str, cfg: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    res = ns.nodeagent(verb, "--config", str(cfg), "--json", *extra)
+    assert res.stderr == "" or res.returncode != 2, res.stderr
+    return res.returncode, json.loads(res.stdout)
+
+
+def rule_for(ns: Netns, src: str) -> list[dict[str, Any]]:
+    return [r for r in ns.rules() if r.get("src") == src]
+
+
+def assert_rails_as_configured(ns: Netns) -> None:
+    assert ns.addresses("r0") == ["10.10.0.5/24"]
+    assert ns.addresses("r1") == ["10.11.0.5/24"]
+    for ifname in ("r0", "r1"):
+        link = ns.link(ifname)
+        assert link["mtu"] == 4200 and "UP" in link["flags"]
+        assert ns.sysctl(ifname, "arp_ignore") == "1"
+        assert ns.sysctl(ifname, "arp_announce") == "2"
+        assert ns.sysctl(ifname, "rp_filter") == "2"
+        assert ns.sysctl(ifname, "accept_ra", "ipv6") == "0"
+    t100 = {(r["dst"], r.get("gateway")) for r in ns.routes(100)}
+    assert t100 == {("default", "10.10.0.1"), ("10.10.0.0/24", None)}
+    assert {(r["dst"], r.get("gateway")) for r in ns.routes(101)} == {("10.11.0.0/24", None)}
+    assert [(r["priority"], r["table"]) for r in rule_for(ns, "10.10.0.5")] == [(1000, "100")]
+    assert [(r["priority"], r["table"]) for r in rule_for(ns, "10.11.0.5")] == [(1001, "101")]
+
+
+def test_check_changes_nothing_and_names_every_problem(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    before = rails_ns.ipj("addr")
+    code, out = run_json(rails_ns, "check", cfg)
+    assert code == 1 and out["ok"] is False and out["actions"] == []
+    assert rails_ns.ipj("addr") == before
+    net = condition(out, "RoCENetworkReady")
+    assert (net["status"], net["reason"]) == ("False", "LinkDown")
+    assert "rail0 r0: address 10.10.0.5/24 missing" in net["message"]
+    assert "rail1 r1: MTU 1500, want 4200" in net["message"]
+    assert [c["type"] for c in out["conditions"]] == [
+        "RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
+        "FabricReady"]
+    assert not (Path(agent_config["state_dir"]) / "pins.json").exists()
+
+
+def test_dry_run_prints_the_exact_actions_and_changes_nothing(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    before = (rails_ns.ipj("addr"), rails_ns.rules(), rails_ns.sysctl("r0", "arp_ignore"))
+    code, out = run_json(rails_ns, "apply", cfg, "--dry-run")
+    assert code == 1
+    assert out["actions"][:10] == [
+        "rail0 r0: set link up",
+        "rail0 r0: set mtu 4200",
+        "rail0 r0: set sysctl accept_ra=0",
+        "rail0 r0: set sysctl arp_announce=2",
+        "rail0 r0: set sysctl arp_ignore=1",
+        "rail0 r0: set sysctl rp_filter=2",
+        "rail0 r0: add address 10.10.0.5/24",
+        "rail0 r0: route 10.10.0.0/24 dev r0 table 100",
+        "rail0 r0: route default via 10.10.0.1 dev r0 table 100",
+        "rail0 r0: add rule from 10.10.0.5 lookup 100 priority 1000",
+    ]
+    assert (rails_ns.ipj("addr"), rails_ns.rules(), rails_ns.sysctl("r0", "arp_ignore")) == before
+
+
+def test_apply_repairs_everything_then_is_idempotent(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 0, out
+    assert len(out["actions"]) == 19
+    assert_rails_as_configured(rails_ns)
+    gid = condition(out, "RoCEGIDStable")
+    assert (gid["status"], gid["reason"]) == ("True", "GIDsPinned")
+    assert "learned pin mlx5_0/1 index 3" in gid["message"]
+    pins = json.loads((Path(agent_config["state_dir"]) / "pins.json").read_text())
+    assert pins["rail0"] == {"address": "10.10.0.5/24", "device": "mlx5_0", "index": 3, "port": 1}
+
+    code, again = run_json(rails_ns, "apply", cfg)
+    assert code == 0 and again["actions"] == []
+    code, checked = run_json(rails_ns, "check", cfg)
+    assert code == 0 and checked["ok"] is True
+    assert condition(checked, "FabricReady")["status"] == "True"
+
+
+def test_apply_repairs_each_kind_of_drift(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    assert run_json(rails_ns, "apply", cfg)[0] == 0
+    breakages = {
+        "ip addr del": lambda: rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0"),
+        "ip rule del": lambda: rails_ns.ip("rule", "del", "priority", "1001"),
+        "ip route flush table": lambda: rails_ns.ip("route", "flush", "table", "100"),
+        "ip link set mtu": lambda: rails_ns.ip("link", "set", "r1", "mtu", "1500"),
+        "ip link set down": lambda: rails_ns.ip("link", "set", "r0", "down"),
+        "sysctl": lambda: rails_ns.exec(
+            "sh", "-c", "echo 0 > /proc/sys/net/ipv4/conf/r1/rp_filter"),
+        "wrong prefix": lambda: (
+            rails_ns.ip("addr", "del", "10.11.0.5/24", "dev", "r1"),
+            rails_ns.ip("addr", "add", "10.11.0.5/16", "dev", "r1"),
+        ),
+    }
+    for what, breakage in breakages.items():
+        breakage()
+        assert run_json(rails_ns, "check", cfg)[0] == 1, what
+        code, out = run_json(rails_ns, "apply", cfg)
+        assert code == 0, (what, out)
+        assert out["actions"], what
+        assert_rails_as_configured(rails_ns)
+
+
+def test_stale_rule_priority_is_moved(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    rails_ns.ip("rule", "add", "from", "10.10.0.5", "lookup", "100", "priority", "900")
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 0, out
+    assert "rail0 r0: remove rule from 10.10.0.5 lookup 100 priority 900" in out["actions"]
+    assert [r["priority"] for r in rule_for(rails_ns, "10.10.0.5")] == [1000]
+
+
+def test_foreign_addresses_kept_unless_the_rail_is_exclusive(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    assert run_json(rails_ns, "apply", cfg)[0] == 0
+    rails_ns.ip("addr", "add", "2001:db8::5/64", "dev", "r0", "nodad")
+    rails_ns.ip("addr", "add", "192.0.2.9/24", "dev", "r0")
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 0 and out["actions"] == []
+    assert "2001:db8::5/64" in rails_ns.addresses("r0", "inet6")
+
+    agent_config["rails"][0]["exclusive"] = True
+    write_config(cfg, agent_config)
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 0, out
+    assert sorted(out["actions"]) == [
+        "rail0 r0: remove address 192.0.2.9/24",
+        "rail0 r0: remove address 2001:db8::5/64",
+    ]
+    assert rails_ns.addresses("r0") == ["10.10.0.5/24"]
+    assert "2001:db8::5/64" not in rails_ns.addresses("r0", "inet6")
+    assert any(a.startswith("fe80::") for a in rails_ns.addresses("r0", "inet6"))
+
+
+def test_no_carrier_is_reported_not_repaired(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    assert run_json(rails_ns, "apply", cfg)[0] == 0
+    rails_ns.ip("link", "set", "p0", "down")  # the far end: carrier loss on r0
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 1 and out["actions"] == []
+    net = condition(out, "RoCENetworkReady")
+    assert (net["reason"], net["message"]) == (
+        "NoCarrier", "rail0 r0: no carrier (cable, switch port or peer down)")
+    # Carrier loss must not cost the address (nor the GID that hangs on it).
+    assert rails_ns.addresses("r0") == ["10.10.0.5/24"]
+
+
+def test_missing_interface(netns: Netns, agent_config: dict[str, Any], tmp_path: Path) -> None:
+    netns.veth("r1", "p1")
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    code, out = run_json(netns, "apply", cfg)
+    assert code == 1
+    net = condition(out, "RoCENetworkReady")
+    assert (net["reason"], net["message"]) == ("InterfaceMissing",
+                                               "rail0 r0: interface does not exist")
+    assert netns.addresses("r1") == ["10.11.0.5/24"]  # the other rail is still repaired
+
+
+def test_gid_shift_is_reported(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    from helpers import make_gid_tree, roce_entries
+
+    agent_config["rails"][0]["gid_index"] = 3
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    assert run_json(rails_ns, "apply", cfg)[0] == 0
+    make_gid_tree(Path(agent_config["paths"]["sysfs"]), "mlx5_0",
+                  roce_entries("r0", "10.10.0.5", ipv4_index=4))
+    code, out = run_json(rails_ns, "check", cfg)
+    assert code == 1
+    gid = condition(out, "RoCEGIDStable")
+    assert (gid["status"], gid["reason"]) == ("False", "GIDIndexShifted")
+    assert gid["message"] == "rail0 r0: IPv4 RoCE v2 GID at index 5, pinned 3 (mlx5_0 port 1)"
+    assert out["gid_source"] == "sysfs"
+
+
+def test_human_output_explains_itself(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    res = rails_ns.nodeagent("apply", "--config", str(cfg))
+    assert res.returncode == 0
+    lines = res.stdout.splitlines()
+    assert lines[0] == "node node-a: fabric ready"
+    assert "repaired:" in lines
+    assert any(line.split()[:3] == ["RoCENetworkReady", "True", "RailsConfigured"]
+               for line in lines)

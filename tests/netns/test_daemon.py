@@ -1,0 +1,231 @@
+"""The daemon (`nodeagent run`) in a real network namespace: events, repairs, signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Netns, condition, daemon_log, read_status, stop_daemon, wait_for, write_config
+
+
+def status_of(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    return read_status(Path(cfg["runtime_dir"]))
+
+
+def cond(cfg: dict[str, Any], ctype: str) -> tuple[str, str, str] | None:
+    data = status_of(cfg)
+    if data is None:
+        return None
+    c = condition(data, ctype)
+    return c["status"], c["reason"], c["message"]
+
+
+def start(ns: Netns, cfg_data: dict[str, Any], path: Path) -> subprocess.Popen[str]:
+    write_config(path, cfg_data)
+    proc = ns.start_daemon(path)
+    wait_for(lambda: (status_of(cfg_data) or {}).get("ok") is True or proc.poll() is not None,
+             timeout=20, what="the daemon's first healthy pass")
+    assert proc.poll() is None, daemon_log(proc)
+    return proc
+
+
+@pytest.fixture
+def daemon_config(agent_config: dict[str, Any]) -> dict[str, Any]:
+    agent_config["resync_interval"] = "1h"  # only events may drive the repairs under test
+    return agent_config
+
+
+def test_event_driven_repair_of_every_drift(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    passes = status_of(daemon_config)["daemon"]["passes"]  # type: ignore[index]
+
+    rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+    wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], what="address restored")
+    wait_for(lambda: {r["dst"] for r in rails_ns.routes(100)} == {"default", "10.10.0.0/24"},
+             what="routes flushed with the address restored")
+
+    rails_ns.ip("rule", "del", "priority", "1000")
+    wait_for(lambda: any(r.get("priority") == 1000 for r in rails_ns.rules()), what="rule")
+
+    rails_ns.ip("route", "flush", "table", "101")
+    wait_for(lambda: [r["dst"] for r in rails_ns.routes(101)] == ["10.11.0.0/24"], what="route")
+
+    rails_ns.ip("link", "set", "r1", "mtu", "1500")
+    wait_for(lambda: rails_ns.link("r1")["mtu"] == 4200, what="mtu")
+
+    rails_ns.ip("link", "set", "r0", "down")
+    wait_for(lambda: "UP" in rails_ns.link("r0")["flags"], what="link up")
+    wait_for(lambda: len(rails_ns.routes(100)) == 2, what="routes after link up")
+
+    wait_for(lambda: cond(daemon_config, "FabricReady")[0] == "True",  # type: ignore[index]
+             what="FabricReady back to True")
+    data = status_of(daemon_config)
+    assert data is not None and data["daemon"]["passes"] > passes  # events, not resyncs
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    assert "repaired rail0 r0: add address 10.10.0.5/24" in out
+
+
+def test_carrier_loss_keeps_the_address_and_recovers(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    rails_ns.ip("link", "set", "p0", "down")
+    wait_for(lambda: cond(daemon_config, "RoCENetworkReady")[1] == "NoCarrier",  # type: ignore[index]
+             what="NoCarrier")
+    assert cond(daemon_config, "FabricReady")[0] == "False"  # type: ignore[index]
+    assert rails_ns.addresses("r0") == ["10.10.0.5/24"]
+    assert cond(daemon_config, "RoCEGIDStable")[0] == "True"  # type: ignore[index]
+    rails_ns.ip("link", "set", "p0", "up")
+    wait_for(lambda: cond(daemon_config, "RoCENetworkReady")[0] == "True",  # type: ignore[index]
+             what="carrier back")
+    assert stop_daemon(proc)[0] == 0
+
+
+def test_flap_storm_is_counted_reported_and_cleared(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    daemon_config["link_flap"] = {"window": "10s", "max_flaps": 5, "dwell": "2s"}
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    for _ in range(50):  # 50 flaps in about 5 s
+        rails_ns.ip("link", "set", "p1", "down")
+        time.sleep(0.05)
+        rails_ns.ip("link", "set", "p1", "up")
+        time.sleep(0.05)
+    wait_for(lambda: cond(daemon_config, "RoCENetworkReady")[1] == "LinkFlapping",  # type: ignore[index]
+             what="LinkFlapping")
+    message = cond(daemon_config, "RoCENetworkReady")[2]  # type: ignore[index]
+    assert message.startswith("rail1 r1: ") and "carrier losses in 10s (more than 5)" in message
+
+    def rail1() -> dict[str, Any]:
+        data = status_of(daemon_config) or {"rails": []}
+        return next(r for r in data["rails"] if r["name"] == "rail1")
+
+    wait_for(lambda: rail1()["carrier_losses_total"] == 50, what="all 50 flaps counted")
+    # A reload keeps the counters (and may not clear the verdict by itself).
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.2)
+    assert rail1()["carrier_losses_total"] == 50
+    # Quiet for the dwell: the agent wakes up by itself to clear it, no event needed.
+    wait_for(lambda: cond(daemon_config, "RoCENetworkReady")[0] == "True",  # type: ignore[index]
+             what="LinkFlapping cleared after the dwell")
+    assert rail1()["carrier_losses_total"] == 50
+    assert stop_daemon(proc)[0] == 0
+
+
+def test_two_writers_fighting_makes_the_agent_back_off(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    daemon_config["repair_guard"] = {"max_repairs": 3, "window": "30s", "backoff": "1h"}
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+
+    def other_writer_wins() -> bool:
+        rails_ns.ip("link", "set", "r1", "mtu", "1500")  # the other writer's idea of the MTU
+        time.sleep(0.1)
+        reason = cond(daemon_config, "RoCENetworkReady")[1]  # type: ignore[index]
+        return reason == "ManagedElsewhere"
+
+    wait_for(other_writer_wins, timeout=30, what="ManagedElsewhere")
+    message = cond(daemon_config, "RoCENetworkReady")[2]  # type: ignore[index]
+    assert message.startswith("rail1 r1: MTUMismatch repaired 4 times in 30s")
+    # Backed off: the other writer's value now stays, and other rails are still enforced.
+    rails_ns.ip("link", "set", "r1", "mtu", "1500")
+    time.sleep(0.3)
+    assert rails_ns.link("r1")["mtu"] == 1500
+    rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+    wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], what="rail0 still repaired")
+    assert stop_daemon(proc)[0] == 0
+
+
+def test_sigterm_writes_status_and_exits_zero(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    proc = start(rails_ns, daemon_config, cfg)
+    res = rails_ns.nodeagent("status", "--config", str(cfg))
+    assert res.returncode == 0, res.stdout
+    assert "running, last pass" in res.stdout.splitlines()[-1]
+
+    code, _ = stop_daemon(proc, signal.SIGTERM)
+    assert code == 0
+    data = status_of(daemon_config)
+    assert data is not None and data["daemon"]["state"] == "stopped"
+    res = rails_ns.nodeagent("status", "--config", str(cfg), "--json")
+    assert res.returncode == 1
+    assert '"running": false' in res.stdout
+    res = rails_ns.nodeagent("status", "--config", str(cfg))
+    assert res.stdout.splitlines()[-1].startswith("daemon is not running (pid ")
+
+
+def test_sigint_also_stops_cleanly(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    assert stop_daemon(proc, signal.SIGINT)[0] == 0
+
+
+def test_sighup_reload_keeps_last_good_config(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "c.yaml"
+    proc = start(rails_ns, daemon_config, path)
+    path.write_text("rails: [{name: x, interface: r0, address: nonsense}]\n")
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.3)
+    rails_ns.ip("addr", "del", "10.11.0.5/24", "dev", "r1")
+    wait_for(lambda: rails_ns.addresses("r1") == ["10.11.0.5/24"],
+             what="old config still enforced after a bad reload")
+
+    daemon_config["rails"][1]["mtu"] = 9000
+    write_config(path, daemon_config)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: rails_ns.link("r1")["mtu"] == 9000, what="new good config applied")
+    code, out = stop_daemon(proc)
+    assert code == 0
+    assert ("reload rejected, keeping the last good config: "
+            f"{path}: rails[0].address: 'nonsense' has no prefix length") in out
+
+
+def test_netlink_overflow_forces_a_resync_not_a_crash(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    daemon_config["netlink_rcvbuf"] = 4096
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    rails_ns.veth("noise0", "noise1")  # not a rail: its events are pure noise
+    batch = tmp_path / "batch"
+    batch.write_text("".join(f"addr add 172.16.{i // 250}.{i % 250 + 1}/32 dev noise0\n"
+                             for i in range(2000)))
+    rails_ns.ip("-batch", str(batch))
+    rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+    wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], what="repair after overflow")
+    assert proc.poll() is None
+    code, out = stop_daemon(proc)
+    assert code == 0
+    assert "netlink receive buffer overflowed (1 times); full resync" in out
+
+
+def test_a_crashed_daemon_restarts_with_its_learned_pins(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    from helpers import make_gid_tree, roce_entries
+
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    proc.kill()
+    proc.wait()
+    # While it was down, the GID moved: the restarted daemon must see a shift, not re-learn.
+    make_gid_tree(Path(daemon_config["paths"]["sysfs"]), "mlx5_1",
+                  roce_entries("r1", "10.11.0.5", ipv4_index=6))
+    res = rails_ns.nodeagent("status", "--config", str(tmp_path / "c.yaml"))
+    assert res.returncode == 1 and "daemon is not running" in res.stdout
+    proc = rails_ns.start_daemon(tmp_path / "c.yaml")
+    wait_for(lambda: (cond(daemon_config, "RoCEGIDStable") or ("",))[0] == "False",
+             timeout=20, what="shift seen after restart")
+    assert cond(daemon_config, "RoCEGIDStable")[1:] == (  # type: ignore[index]
+        "GIDIndexShifted", "rail1 r1: IPv4 RoCE v2 GID at index 7, pinned 3 (mlx5_1 port 1)")
+    assert stop_daemon(proc)[0] == 0
