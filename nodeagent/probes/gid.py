@@ -51,12 +51,30 @@ def parse_gid(text: str) -> str | None:
     return str(addr)
 
 
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
 def _read_text(path: Path) -> str | None:
     """A sysfs attribute's text, or None when it cannot be read (EINVAL for empty slots)."""
     try:
         return path.read_text(encoding="ascii", errors="replace").strip()
     except OSError:
         return None
+
+
+def _read_at(dir_fd: int, name: str) -> str | None:
+    """Like _read_text, relative to an open directory: a port has up to 1024 slots to read,
+    and this is several times cheaper than pathlib per file."""
+    try:
+        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096).decode("ascii", errors="replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def rdma_devices(sysfs_root: Path) -> list[str]:
@@ -81,19 +99,23 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int) -> tuple[list[Gid
     errors: list[str] = []
     try:
         names = os.listdir(base / "gids")
+        gids_fd = os.open(base / "gids", os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         return [], [f"{device} port {port}: cannot list GIDs: {exc.strerror or exc}"]
-    for name in sorted((n for n in names if n.isdigit()), key=int):
-        raw = _read_text(base / "gids" / name)
-        if raw is None:
-            continue
+    try:
+        raw_gids = [(n, _read_at(gids_fd, n)) for n in sorted(filter(str.isdigit, names), key=int)]
+    finally:
+        os.close(gids_fd)
+    for name, raw in raw_gids:
+        if raw is None or raw == _ZERO_GID:
+            continue  # empty slot: no need to parse it or open its attributes
         try:
             gid = parse_gid(raw)
         except ValueError:
             errors.append(f"{device} port {port} gid {name}: unparsable {raw[:60]!r}")
             continue
         if gid is None:
-            continue  # empty slot: no need to open its attributes (1024 slots on rxe)
+            continue
         type_text = _read_text(base / "gid_attrs" / "types" / name)
         ndev = _read_text(base / "gid_attrs" / "ndevs" / name)
         entries.append(

@@ -1,0 +1,71 @@
+"""Daemon idle cost: RSS and CPU of `nodeagent run` with 8 healthy rails over a quiet period.
+
+Includes its periodic resyncs (resync_interval, default 30 s). Goal: <= 60 MB, <= 0.2 %
+of a core. Usage: sudo .venv/bin/python bench/idle.py [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from common import make_rails, reexec_in_netns
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--rails", type=int, default=8)
+    args = ap.parse_args()
+    reexec_in_netns()
+    tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
+    data = make_rails(args.rails, tmp)
+    (tmp / "c.yaml").write_text(yaml.safe_dump(data))
+    daemon = subprocess.Popen([sys.executable, "-m", "nodeagent", "run", "--config",
+                               str(tmp / "c.yaml")], stderr=subprocess.DEVNULL)
+    status = tmp / "run" / "status.json"
+    while not (status.exists() and json.loads(status.read_text())["ok"]):
+        time.sleep(0.05)
+    time.sleep(5.0)  # let start-up settle (IPv6 DAD on the rails ends ~2 s after link up)
+    passes0 = json.loads(status.read_text())["daemon"]["passes"]
+    cpu0, t0 = cpu_seconds(daemon.pid), time.monotonic()
+    peak = 0.0
+    while time.monotonic() - t0 < args.seconds:
+        peak = max(peak, rss_mb(daemon.pid))
+        time.sleep(1.0)
+    cpu1, t1 = cpu_seconds(daemon.pid), time.monotonic()
+    passes = json.loads(status.read_text())["daemon"]["passes"] - passes0
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait(timeout=20)
+    print(f"idle daemon, {args.rails} healthy rails, {t1 - t0:.0f} s, resync every "
+          f"{data.get('resync_interval', 30)} s, {passes} passes while measured")
+    print(f"RSS {rss_mb_str(peak)} peak; CPU {100 * (cpu1 - cpu0) / (t1 - t0):.3f} % of a "
+          f"core ({cpu1 - cpu0:.2f} s CPU)")
+
+
+def rss_mb_str(mb: float) -> str:
+    return f"{mb:.1f} MB"
+
+
+if __name__ == "__main__":
+    main()
