@@ -1,0 +1,158 @@
+"""What the Node should look like, computed from findings. Pure: no API calls here.
+
+- Conditions merge by type: other writers' conditions are never part of what we send, and
+  lastTransitionTime moves only when a condition's status changes (a restart re-reads the
+  Node and keeps it, unlike node-problem-detector).
+- The taint is present exactly while FabricReady is not True, after hysteresis: a failure
+  taints at once, a recovery lifts it only after `clear_after` of continuous health.
+- Taint lists are rebuilt whole (spec.taints has no merge key): every taint we do not own
+  stays, in its place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding
+
+CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def taint_value(reason: str) -> str:
+    """A label-value-safe form of a reason: <= 63 chars, alphanumeric at both ends."""
+    value = _LABEL_VALUE_BAD.sub("-", reason)[:63]
+    return value.strip("._-") or "FabricNotReady"
+
+
+def condition_updates(
+    existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float
+) -> list[dict[str, Any]]:
+    """Conditions of our types that differ from the Node's; [] when nothing changed.
+
+    Only changed conditions are returned, so steady state writes nothing.
+    """
+    current = {c.get("type"): c for c in existing}
+    out: list[dict[str, Any]] = []
+    for f in findings:
+        if f.type not in CONDITION_TYPES:
+            continue
+        old = current.get(f.type)
+        if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (
+            f.status,
+            f.reason,
+            f.message,
+        ):
+            continue
+        kept = (
+            None if old is None or old.get("status") != f.status else old.get("lastTransitionTime")
+        )
+        transition = str(kept) if kept else rfc3339(now)
+        out.append(
+            {
+                "type": f.type,
+                "status": f.status,
+                "reason": f.reason,
+                "message": f.message[:32768],
+                "lastHeartbeatTime": rfc3339(now),
+                "lastTransitionTime": transition,
+            }
+        )
+    return out
+
+
+def _as_dict(taint: Any) -> dict[str, Any]:
+    if isinstance(taint, Mapping):
+        return {k: v for k, v in taint.items() if v is not None}
+    raise TypeError(f"taint must be a mapping, got {type(taint).__name__}")
+
+
+def desired_taints(
+    existing: Sequence[Mapping[str, Any]], key: str, effect: str, value: str | None
+) -> list[dict[str, Any]] | None:
+    """The whole new taint list, or None when it is already right.
+
+    `value` None means our taint must be absent. Taints of other keys (and our key with
+    another effect) are kept exactly, in order.
+    """
+    taints = [_as_dict(t) for t in existing]
+    ours = [i for i, t in enumerate(taints) if t.get("key") == key and t.get("effect") == effect]
+    if value is None:
+        if not ours:
+            return None
+        return [t for i, t in enumerate(taints) if i not in ours]
+    want = {"key": key, "value": value, "effect": effect}
+    if ours:
+        first = taints[ours[0]]
+        if first.get("value") == value and len(ours) == 1:
+            return None
+        keep = first.get("timeAdded")
+        if keep:
+            want["timeAdded"] = keep
+        out = [t for i, t in enumerate(taints) if i not in ours[1:]]
+        out[ours[0]] = want
+        return out
+    return [*taints, want]
+
+
+@dataclass
+class TaintGate:
+    """Hysteresis: taint at once on failure; lift after `clear_after` of continuous health.
+
+    Starts tainted (fail closed): nothing is lifted before a full healthy pass plus dwell.
+    """
+
+    clear_after: float
+    _healthy_since: float | None = None
+    tainted: bool = True
+    reason: str = "AgentStarting"
+
+    def feed(self, now: float, fabric: Finding) -> bool:
+        if fabric.type != FABRIC_READY:
+            raise ValueError(f"TaintGate takes the FabricReady finding, not {fabric.type}")
+        if fabric.ok:
+            if self._healthy_since is None:
+                self._healthy_since = now
+            if self.tainted and now - self._healthy_since >= self.clear_after:
+                self.tainted = False
+        else:
+            self._healthy_since = None
+            self.tainted = True
+            self.reason = fabric.reason
+        return self.tainted
+
+    def lifts_at(self) -> float | None:
+        """When the taint may be lifted if health holds: the publisher wakes up then."""
+        if self.tainted and self._healthy_since is not None:
+            return self._healthy_since + self.clear_after
+        return None
+
+
+def cordon_patch(
+    unschedulable: bool, annotations: Mapping[str, str], want_cordon: bool, reason: str
+) -> dict[str, Any] | None:
+    """spec/metadata changes for the cordon, or None. Never lifts a cordon we did not set."""
+    ours = CORDON_ANNOTATION in annotations
+    if want_cordon:
+        if unschedulable and not ours:
+            return None  # cordoned by a person or another tool: leave it theirs
+        if unschedulable and annotations.get(CORDON_ANNOTATION) == reason:
+            return None
+        return {
+            "spec": {"unschedulable": True},
+            "metadata": {"annotations": {CORDON_ANNOTATION: reason}},
+        }
+    if not ours:
+        return None
+    patch: dict[str, Any] = {"metadata": {"annotations": {CORDON_ANNOTATION: None}}}
+    if unschedulable:
+        patch["spec"] = {"unschedulable": False}
+    return patch
