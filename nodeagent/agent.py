@@ -79,8 +79,9 @@ class NetlinkMonitor(threading.Thread):
                     self.out.put(Work("resync"))
                     overflows += 1
                     if time.monotonic() - last_log >= 1.0:  # a storm logs once a second
-                        log.warning("netlink receive buffer overflowed (%d times); full resync",
-                                    overflows)
+                        log.warning(
+                            "netlink receive buffer overflowed (%d times); full resync", overflows
+                        )
                         overflows, last_log = 0, time.monotonic()
                     continue
                 raise
