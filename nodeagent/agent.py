@@ -32,6 +32,7 @@ from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
 from nodeagent.evaluate import Evaluator, Report
 from nodeagent.probes.netlink import link_from_msg
+from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class Agent:
         self._stopping = False
         self._ipr: Any = None
         self.last_report: Report | None = None
+        self.publisher: Publisher | None = None
         self._configure(cfg)
 
     # ------------------------------------------------------------ configuration
@@ -206,6 +208,8 @@ class Agent:
         report = self.evaluator.judge(repairs, overrides)
         self.passes += 1
         self.last_report = report
+        if self.publisher is not None:
+            self.publisher.submit(report)  # never waits for the API server
         self._publish(report)
         return report
 
@@ -221,6 +225,8 @@ class Agent:
             "passes": self.passes,
             "resync_interval": self.cfg.resync_interval,
         }
+        if self.publisher is not None:
+            data["kubernetes"] = self.publisher.status()
         try:
             write_status(self.cfg.runtime_dir, data, daemon)
         except OSError as exc:
@@ -244,7 +250,18 @@ class Agent:
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
 
+    def _start_publisher(self) -> None:
+        kcfg = self.cfg.kubernetes
+        if kcfg is None:
+            return
+        from nodeagent.publish.kube import NodeWriter, api_client
+
+        node = self.cfg.resolved_node_name()
+        self.publisher = Publisher(kcfg, lambda: NodeWriter(api_client(kcfg), node, kcfg))
+        self.publisher.start()
+
     def run(self) -> int:
+        self._start_publisher()
         monitor = NetlinkMonitor(self.work, self.cfg.netlink_rcvbuf)
         monitor.start()
         monitor.ready.wait(timeout=5.0)
@@ -290,5 +307,7 @@ class Agent:
             # SIGTERM: the current step is done; leave a status that says we stopped.
             if self.last_report is not None:
                 self._publish(self.last_report, state="stopped")
+        if self.publisher is not None:
+            self.publisher.stop()
         log.info("stopped after %d passes", self.passes)
         return 0

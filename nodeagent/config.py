@@ -202,7 +202,12 @@ class Kubernetes(_Strict):
     kubeconfig: str | None = None  # None: in-cluster or $KUBECONFIG
     taint: Taint = Taint()
     cordon: bool = False
-    clear_after: Duration = 30.0
+    clear_after: Duration = 30.0  # all conditions True this long before the taint is lifted
+    lease_namespace: str = "nodeagent-system"
+    lease_period: Duration = 20.0  # heartbeat: Lease renewed this often
+    reconcile_interval: Duration = 600.0  # re-read the Node even when nothing changed
+    event_burst: int = Field(default=10, ge=1)  # Events: token bucket of this size ...
+    event_rate: float = Field(default=0.2, gt=0)  # ... refilled at this many per second
 
 
 class Config(_Strict):

@@ -1,0 +1,177 @@
+"""The Kubernetes side of the daemon, on its own thread.
+
+The local loop hands over each pass's Report and never waits: a slow or dead API server
+cannot delay a repair. The publisher keeps only the newest Report (so it never writes a
+stale state over a newer one), writes what changed, and retries with backoff while the API
+is unreachable; once it answers, the newest desired state is written, nothing lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nodeagent.config import Kubernetes
+from nodeagent.evaluate import Report
+from nodeagent.model import FABRIC_READY, Finding
+from nodeagent.publish.node import TaintGate, condition_updates, taint_value
+
+if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
+    from nodeagent.publish.kube import NodeWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishState:
+    """What the status file says about the Kubernetes side."""
+
+    synced: bool = False
+    last_error: str | None = None
+    tainted: bool = True
+    taint_reason: str = "AgentStarting"
+
+
+class Publisher(threading.Thread):
+    def __init__(
+        self,
+        cfg: Kubernetes,
+        writer_factory: Callable[[], NodeWriter],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name="kube-publisher", daemon=True)
+        self.cfg = cfg
+        self._factory = writer_factory
+        self.writer: NodeWriter | None = None
+        self.clock = clock
+        self.gate = TaintGate(cfg.clear_after)
+        self.state = PublishState()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._latest: Report | None = None
+        self._dirty = False
+        self._published: dict[str, tuple[str, str]] = {}  # type -> (status, reason) on the Node
+        self._applied_taint: tuple[bool, str] | None = None
+        self._next_lease = 0.0
+        self._next_reconcile = 0.0
+
+    # ------------------------------------------------------------ API for the local loop
+
+    def submit(self, report: Report) -> None:
+        with self._lock:
+            self._latest = report
+            self._dirty = True
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.join(timeout)
+
+    # ------------------------------------------------------------ the thread
+
+    def run(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            now = self.clock()
+            deadlines = [self._next_lease, self._next_reconcile]
+            lift = self.gate.lifts_at()
+            if lift is not None:
+                deadlines.append(lift)
+            wait = backoff if backoff else max(0.0, min(deadlines) - now)
+            self._wake.wait(timeout=wait)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.sync_once()
+            except Exception as exc:  # API down, timeouts, 403: keep the newest state, retry
+                self.state.synced = False
+                self.state.last_error = str(exc).splitlines()[0][:300]
+                backoff = min(30.0, max(0.5, backoff * 2))
+                log.warning("kubernetes publish failed (retry in %.1fs): %s", backoff,
+                            self.state.last_error)
+                if self.writer is not None:
+                    self.writer.counters.errors += 1
+            else:
+                backoff = 0.0
+
+    def sync_once(self) -> None:
+        """One round: newest findings -> conditions, taint/cordon, Events, Lease."""
+        now = self.clock()
+        with self._lock:
+            report, dirty = self._latest, self._dirty
+        if self.writer is None:
+            self.writer = self._factory()
+        writer = self.writer
+        if report is not None:
+            fabric = _fabric(report)
+            before = self.gate.tainted
+            tainted = self.gate.feed(now, fabric)
+            want = (tainted, self.gate.reason)
+            reconcile = now >= self._next_reconcile
+            if dirty or reconcile or want != self._applied_taint or tainted != before:
+                self._sync_node(report, tainted, reconcile)
+                with self._lock:
+                    if self._latest is report:
+                        self._dirty = False
+                self._applied_taint = want
+                if reconcile:
+                    self._next_reconcile = now + self.cfg.reconcile_interval
+        if now >= self._next_lease:
+            writer.renew_lease()
+            self._next_lease = now + self.cfg.lease_period
+        self.state.synced = True
+        self.state.last_error = None
+
+    def _sync_node(self, report: Report, tainted: bool, reconcile: bool) -> None:
+        writer = self.writer
+        assert writer is not None
+        node = writer.read_node()
+        uid = node.get("metadata", {}).get("uid")
+        existing = node.get("status", {}).get("conditions") or []
+        if not self._published:  # a restart: what the Node already says is not news
+            self._published = {c["type"]: (c.get("status", ""), c.get("reason", ""))
+                               for c in existing if "type" in c}
+        updates = condition_updates(existing, report.findings, time.time())
+        if updates:
+            writer.patch_conditions(updates)
+        for f in report.findings:
+            was = self._published.get(f.type)
+            if was != (f.status, f.reason):
+                writer.event(uid, f"{f.type}{'' if f.ok else 'Failed'}",
+                             f"{f.type}={f.status} ({f.reason}): {f.message}", not f.ok)
+                self._published[f.type] = (f.status, f.reason)
+        value = taint_value(self.gate.reason) if tainted else None
+        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason)
+        for change in changes:
+            writer.event(uid, "FabricTaint", f"{change} ({self.gate.reason})", tainted)
+            log.info("node %s: %s", writer.node, change)
+        self.state.tainted = tainted
+        self.state.taint_reason = self.gate.reason
+        del reconcile
+
+    def status(self) -> dict[str, Any]:
+        counters = self.writer.counters if self.writer else None
+        return {
+            "synced": self.state.synced,
+            "last_error": self.state.last_error,
+            "tainted": self.state.tainted,
+            "taint_reason": self.state.taint_reason,
+            "requests": counters.requests if counters else 0,
+            "writes": counters.writes if counters else 0,
+            "conflicts": counters.conflicts if counters else 0,
+            "events_dropped": counters.events_dropped if counters else 0,
+        }
+
+
+def _fabric(report: Report) -> Finding:
+    for f in report.findings:
+        if f.type == FABRIC_READY:
+            return f
+    raise ValueError("report has no FabricReady finding")
