@@ -77,27 +77,44 @@ class NodeWriter:
     _tokens_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.core = k8s.CoreV1Api(self.api)
-        self.coord = k8s.CoordinationV1Api(self.api)
         self._tokens = float(self.cfg.event_burst)
         self._tokens_at = time.monotonic()
+
+    def _call(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> dict[str, Any]:
+        """One request with a plain JSON body and response, exactly as written here (the
+        client's typed models would coerce and re-serialize bodies, e.g. drop the
+        microseconds a Lease's MicroTime must have)."""
+        self.counters.requests += 1
+        if method != "GET":
+            self.counters.writes += 1
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        _, url, headers, data, post = self.api.param_serialize(
+            method=method, resource_path=path, header_params=headers, body=body,
+            auth_settings=["BearerToken"])
+        resp = self.api.call_api(method, url, header_params=headers, body=data,
+                                 post_params=post, _request_timeout=TIMEOUT)
+        resp.read()
+        if not 200 <= resp.status < 300:
+            if resp.status == 409:
+                self.counters.conflicts += 1
+            raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+        return _json(resp)
 
     # ------------------------------------------------------------ reads
 
     def read_node(self) -> dict[str, Any]:
-        self.counters.requests += 1
-        return _json(self.core.read_node(self.node, _preload_content=False,
-                                         _request_timeout=TIMEOUT))
+        return self._call("GET", f"/api/v1/nodes/{self.node}")
 
     # ------------------------------------------------------------ writes
 
     def patch_conditions(self, conditions: list[dict[str, Any]]) -> None:
         """Strategic merge on nodes/status: conditions merge by type, others untouched."""
-        self.counters.requests += 1
-        self.counters.writes += 1
-        self.core.patch_node_status(self.node, {"status": {"conditions": conditions}},
-                                    _content_type=STRATEGIC, _preload_content=False,
-                                    _request_timeout=TIMEOUT)
+        self._call("PATCH", f"/api/v1/nodes/{self.node}/status",
+                   {"status": {"conditions": conditions}}, STRATEGIC)
 
     def sync_taint_and_cordon(
         self, taint_value: str | None, cordon: bool, reason: str
@@ -116,12 +133,12 @@ class NodeWriter:
             node = self.read_node()
             spec = node.get("spec", {})
             meta = node.get("metadata", {})
+            annotations = meta.get("annotations") or {}
             taints = desired_taints(spec.get("taints") or [], self.cfg.taint.key,
                                     self.cfg.taint.effect, taint_value)
             cordon_change = None
-            if self.cfg.cordon or CORDON_ANNOTATION in (meta.get("annotations") or {}):
-                cordon_change = cordon_patch(bool(spec.get("unschedulable")),
-                                             meta.get("annotations") or {},
+            if self.cfg.cordon or CORDON_ANNOTATION in annotations:
+                cordon_change = cordon_patch(bool(spec.get("unschedulable")), annotations,
                                              self.cfg.cordon and cordon, reason)
             if taints is None and cordon_change is None:
                 return []
@@ -129,23 +146,15 @@ class NodeWriter:
             changed: list[str] = []
             if taints is not None:
                 body["spec"] = {"taints": taints}
-                changed.append(f"taint {self.cfg.taint.key}="
-                               f"{taint_value}:{self.cfg.taint.effect}" if taint_value
-                               else f"taint {self.cfg.taint.key} removed")
+                changed.append(
+                    f"taint {self.cfg.taint.key}={taint_value}:{self.cfg.taint.effect}"
+                    if taint_value else f"taint {self.cfg.taint.key} removed")
             if cordon_change is not None:
                 body.setdefault("spec", {}).update(cordon_change.get("spec", {}))
                 body["metadata"].update(cordon_change["metadata"])
-                changed.append("cordoned" if cordon_change.get("spec", {}).get("unschedulable")
-                               else "uncordoned")
-            self.counters.requests += 1
-            self.counters.writes += 1
-            try:
-                self.core.patch_node(self.node, body, _content_type=MERGE,
-                                     _preload_content=False, _request_timeout=TIMEOUT)
-            except ApiException as exc:
-                if exc.status == 409:
-                    self.counters.conflicts += 1
-                raise
+                cordoned = cordon_change.get("spec", {}).get("unschedulable")
+                changed.append("cordoned" if cordoned else "uncordoned")
+            self._call("PATCH", f"/api/v1/nodes/{self.node}", body, MERGE)
             return changed
 
         return attempt()
@@ -161,10 +170,12 @@ class NodeWriter:
             return False
         self._tokens -= 1.0
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        body = {
+        involved: dict[str, Any] = {"kind": "Node", "name": self.node, "apiVersion": "v1"}
+        if node_uid:
+            involved["uid"] = node_uid
+        self._call("POST", "/api/v1/namespaces/default/events", {
             "metadata": {"generateName": f"{self.node}.nodeagent."},
-            "involvedObject": {"kind": "Node", "name": self.node, "apiVersion": "v1",
-                               **({"uid": node_uid} if node_uid else {})},
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
@@ -174,47 +185,43 @@ class NodeWriter:
             "firstTimestamp": stamp,
             "lastTimestamp": stamp,
             "count": 1,
-        }
-        self.counters.requests += 1
-        self.counters.writes += 1
-        # Plain dicts: the client coerces them into its models (its stubs say models only).
-        self.core.create_namespaced_event("default", body, _preload_content=False,  # type: ignore[arg-type]
-                                          _request_timeout=TIMEOUT)
+        })
         return True
 
     def renew_lease(self) -> None:
         """The heartbeat: one write per period (a read only after a conflict or at start)."""
         name = f"nodeagent-{self.node}"
-        ns = self.cfg.lease_namespace
-        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
-        spec = {"holderIdentity": self.node, "renewTime": now,
-                "leaseDurationSeconds": max(1, int(3 * self.cfg.lease_period))}
-        self.counters.requests += 1
-        self.counters.writes += 1
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.cfg.lease_namespace}/leases"
+        now = time.time()
+        spec = {
+            "holderIdentity": self.node,
+            "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+            + f".{int(now % 1 * 1e6):06d}Z",
+            "leaseDurationSeconds": max(1, int(3 * self.cfg.lease_period)),
+        }
+
+        def body(rv: str | None) -> dict[str, Any]:
+            meta: dict[str, Any] = {"name": name}
+            if rv:
+                meta["resourceVersion"] = rv
+            return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": meta, "spec": spec}
+
         try:
             if self._lease_rv is None:
-                raise ApiException(status=409)  # unknown version: read first
-            resp = self.coord.replace_namespaced_lease(
-                name, ns, {"metadata": {"name": name, "resourceVersion": self._lease_rv},  # type: ignore[arg-type]
-                           "spec": spec},
-                _preload_content=False, _request_timeout=TIMEOUT)
+                raise ApiException(status=409)  # version unknown (start, or after an error)
+            got = self._call("PUT", f"{path}/{name}", body(self._lease_rv))
         except ApiException as exc:
             if exc.status != 409:
                 self._lease_rv = None
                 raise
-            self.counters.requests += 1
             try:
-                current = _json(self.coord.read_namespaced_lease(
-                    name, ns, _preload_content=False, _request_timeout=TIMEOUT))
+                current = self._call("GET", f"{path}/{name}")
             except ApiException as missing:
                 if missing.status != 404:
                     raise
-                resp = self.coord.create_namespaced_lease(
-                    ns, {"metadata": {"name": name}, "spec": spec},  # type: ignore[arg-type]
-                    _preload_content=False, _request_timeout=TIMEOUT)
+                got = self._call("POST", path, body(None))
             else:
-                rv = current["metadata"]["resourceVersion"]
-                resp = self.coord.replace_namespaced_lease(
-                    name, ns, {"metadata": {"name": name, "resourceVersion": rv}, "spec": spec},  # type: ignore[arg-type]
-                    _preload_content=False, _request_timeout=TIMEOUT)
-        self._lease_rv = _json(resp)["metadata"]["resourceVersion"]
+                got = self._call("PUT", f"{path}/{name}",
+                                 body(current["metadata"]["resourceVersion"]))
+        self._lease_rv = got["metadata"]["resourceVersion"]

@@ -8,6 +8,7 @@ is unreachable; once it answers, the newest desired state is written, nothing lo
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -52,7 +53,7 @@ class Publisher(threading.Thread):
         self.state = PublishState()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._latest: Report | None = None
         self._dirty = False
         self._published: dict[str, tuple[str, str]] = {}  # type -> (status, reason) on the Node
@@ -69,7 +70,7 @@ class Publisher(threading.Thread):
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+        self._halt.set()
         self._wake.set()
         self.join(timeout)
 
@@ -77,7 +78,7 @@ class Publisher(threading.Thread):
 
     def run(self) -> None:
         backoff = 0.0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             now = self.clock()
             deadlines = [self._next_lease, self._next_reconcile]
             lift = self.gate.lifts_at()
@@ -86,13 +87,13 @@ class Publisher(threading.Thread):
             wait = backoff if backoff else max(0.0, min(deadlines) - now)
             self._wake.wait(timeout=wait)
             self._wake.clear()
-            if self._stop.is_set():
+            if self._halt.is_set():
                 break
             try:
                 self.sync_once()
             except Exception as exc:  # API down, timeouts, 403: keep the newest state, retry
                 self.state.synced = False
-                self.state.last_error = str(exc).splitlines()[0][:300]
+                self.state.last_error = describe_error(exc)
                 backoff = min(30.0, max(0.5, backoff * 2))
                 log.warning("kubernetes publish failed (retry in %.1fs): %s", backoff,
                             self.state.last_error)
@@ -168,6 +169,20 @@ class Publisher(threading.Thread):
             "conflicts": counters.conflicts if counters else 0,
             "events_dropped": counters.events_dropped if counters else 0,
         }
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line: the API's own status message when there is one (403s name the rule)."""
+    status = getattr(exc, "status", None)
+    body = getattr(exc, "body", None)
+    if status is not None and body:
+        try:
+            message = json.loads(body).get("message", "")
+        except (ValueError, AttributeError):
+            message = str(body)
+        return f"HTTP {status}: {message}"[:500]
+    text = str(exc).splitlines()
+    return (text[0] if text else type(exc).__name__)[:500]
 
 
 def _fabric(report: Report) -> Finding:

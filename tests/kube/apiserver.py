@@ -1,0 +1,219 @@
+"""A real kube-apiserver (with embedded etcd) for the tests: built from Go modules by
+tools/testenv, started on loopback with RBAC, the Node authorizer, NodeRestriction and
+this project's deploy/ policies, and one client per identity."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
+from kubernetes import client as k8s
+from kubernetes import utils as k8s_utils
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTENV_SRC = ROOT / "tools" / "testenv"
+CACHE = ROOT / ".cache" / "testenv"
+AGENT_GROUP = "nodeagent:agents"
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    for name in ("go.mod", "go.sum", "main.go"):
+        h.update((TESTENV_SRC / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_testenv() -> Path:
+    """The testenv binary, built when missing or when its source changed. Fails loudly."""
+    binary = CACHE / f"testenv-{_source_hash()}"
+    if binary.exists():
+        return binary
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not Path(go).exists():
+        raise RuntimeError("kube tests need Go to build tools/testenv (no `go` on PATH)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".tmp")
+    res = subprocess.run([go, "build", "-o", str(tmp), "."], cwd=TESTENV_SRC,
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"building tools/testenv failed:\n{res.stderr[-4000:]}")
+    tmp.rename(binary)
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def make_pki(d: Path) -> None:
+    """A CA, a serving certificate for 127.0.0.1, and service-account keys."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodeagent-test-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    srv_key = _key()
+    srv = (x509.CertificateBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+           .issuer_name(ca_name).public_key(srv_key.public_key())
+           .serial_number(x509.random_serial_number())
+           .not_valid_before(now - datetime.timedelta(minutes=5))
+           .not_valid_after(now + datetime.timedelta(days=1))
+           .add_extension(x509.SubjectAlternativeName([
+               x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+               critical=False)
+           .sign(ca_key, hashes.SHA256()))
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "server.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+    (d / "server.key").write_bytes(_pem_key(srv_key))
+    (d / "sa.key").write_bytes(_pem_key(_key()))
+
+
+@dataclass
+class Identity:
+    user: str
+    groups: list[str]
+    token: str = field(default_factory=lambda: os.urandom(16).hex())
+
+
+@dataclass
+class ApiServer:
+    workdir: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    identities: dict[str, Identity] = field(default_factory=dict)
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def add_identity(self, name: str, user: str, groups: list[str]) -> Identity:
+        ident = Identity(user, groups)
+        self.identities[name] = ident
+        return ident
+
+    def start(self, binary: Path, timeout: float = 120.0) -> None:
+        d = self.workdir
+        if not (d / "ca.crt").exists():
+            make_pki(d)
+        rows = [f'{i.token},{i.user},{i.user},"{",".join(i.groups)}"'
+                for i in self.identities.values()]
+        (d / "tokens.csv").write_text("\n".join(rows) + "\n")
+        self.port = self.port or free_port()
+        etcd_dir = d / "etcd"
+        self.log_path = d / "apiserver.log"
+        args = [
+            str(binary), "-etcd-dir", str(etcd_dir), "-etcd-port", str(free_port()),
+            "-etcd-peer-port", str(free_port()), "--",
+            f"--secure-port={self.port}", "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={d / 'server.crt'}", f"--tls-private-key-file={d / 'server.key'}",
+            f"--token-auth-file={d / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={d / 'sa.key'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/24",
+            f"--cert-dir={d / 'certs'}",
+            "--profiling=false",
+            "--v=0",
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        admin = self.client("admin")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kube-apiserver exited ({self.proc.returncode}):\n"
+                                   f"{self.log_path.read_text()[-4000:]}")
+            try:
+                resp = admin.call_api("GET", f"{self.url}/readyz", header_params={},
+                                      _request_timeout=2)
+                resp.read()
+                if resp.status == 200:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"kube-apiserver not ready after {timeout}s:\n"
+                           f"{self.log_path.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.proc = None
+
+    def configuration(self, name: str) -> k8s.Configuration:
+        conf = k8s.Configuration()
+        conf.host = self.url
+        conf.ssl_ca_cert = str(self.workdir / "ca.crt")
+        conf.api_key = {"authorization": self.identities[name].token}
+        conf.api_key_prefix = {"authorization": "Bearer"}
+        conf.retries = False
+        return conf
+
+    def client(self, name: str) -> k8s.ApiClient:
+        return k8s.ApiClient(self.configuration(name))
+
+    def kubeconfig(self, name: str, path: Path) -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {
+                "server": self.url, "certificate-authority": str(self.workdir / "ca.crt")}}],
+            "users": [{"name": name, "user": {"token": self.identities[name].token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": name}}],
+        }))
+        return path
+
+    def apply_deploy(self) -> None:
+        """Create the project's deploy/ manifests as the admin."""
+        admin = self.client("admin")
+        for manifest in sorted((ROOT / "deploy").glob("*.yaml")):
+            docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+            for doc in docs:
+                k8s_utils.create_from_dict(admin, doc)
+
+
+def node_body(name: str, taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "spec": {"taints": taints or []}}

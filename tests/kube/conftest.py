@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apiserver import AGENT_GROUP, ApiServer, build_testenv
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+NODES = ["node-a", "node-b", "node-c"]
+
+
+def add_identities(server: ApiServer) -> None:
+    server.add_identity("admin", "admin", ["system:masters"])
+    for node in NODES:
+        server.add_identity(f"agent-{node}", f"nodeagent:node:{node}", [AGENT_GROUP])
+        server.add_identity(f"kubelet-{node}", f"system:node:{node}", ["system:nodes"])
+    server.add_identity("stranger", "someone", ["developers"])
+
+
+def wait_policy_enforced(server: ApiServer, timeout: float = 60.0) -> None:
+    """ValidatingAdmissionPolicies take effect a moment after creation: wait until a write
+    the policy forbids (agent of node-a tainting node-b) is refused."""
+    admin = k8s.CoreV1Api(server.client("admin"))
+    try:
+        admin.create_node({"metadata": {"name": "policy-probe"}})  # type: ignore[arg-type]
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    agent = k8s.CoreV1Api(server.client("agent-node-a"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            agent.patch_node("policy-probe", {"metadata": {"labels": {"x": "y"}}},
+                             _content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status in (403, 422) and "own Node" in str(exc.body):
+                return
+        time.sleep(0.5)
+    raise RuntimeError("the nodeagent admission policy was not enforced within 60s")
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    binary = build_testenv()
+    server = ApiServer(tmp_path_factory.mktemp("apiserver"))
+    add_identities(server)
+    server.start(binary)
+    try:
+        server.apply_deploy()
+        wait_policy_enforced(server)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def core(apiserver: ApiServer) -> k8s.CoreV1Api:
+    return k8s.CoreV1Api(apiserver.client("admin"))
+
+
+@pytest.fixture
+def fresh_node(core: k8s.CoreV1Api) -> Callable[..., str]:
+    """Create (or re-create) a Node with the given taints; returns its name."""
+    made: list[str] = []
+
+    def make(name: str = "node-a", taints: list[dict[str, Any]] | None = None) -> str:
+        try:
+            core.delete_node(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        for _ in range(100):
+            try:
+                core.create_node({"metadata": {"name": name},  # type: ignore[arg-type]
+                                  "spec": {"taints": taints or []}})
+                break
+            except ApiException as exc:
+                if exc.status != 409:  # still being deleted
+                    raise
+                time.sleep(0.1)
+        made.append(name)
+        return name
+
+    return make
+
+
+def node_json(core: k8s.CoreV1Api, name: str) -> dict[str, Any]:
+    import json
+
+    resp = core.read_node(name, _preload_content=False)
+    data: dict[str, Any] = json.loads(resp.data)
+    return data
+
+
+@pytest.fixture
+def kube_tmp(tmp_path: Path) -> Path:
+    return tmp_path

@@ -1,0 +1,342 @@
+"""The publisher against a real kube-apiserver: conditions, taint, cordon, Events, Lease,
+conflicts, races, restarts, and what the admission policy lets an agent do."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from apiserver import ApiServer
+from conftest import node_json
+from helpers import wait_for
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from nodeagent.config import Kubernetes
+from nodeagent.evaluate import Report
+from nodeagent.model import CONDITION_TYPES, FABRIC_READY, ROCE_NETWORK_READY, Finding
+from nodeagent.publish.kube import NodeWriter
+from nodeagent.publish.publisher import Publisher
+
+KEY = "nodeagent.io/fabric-unready"
+MERGE = "application/merge-patch+json"
+
+
+def report(node: str, failing: str | None = None) -> Report:
+    findings = []
+    for ctype in CONDITION_TYPES:
+        if ctype == FABRIC_READY:
+            continue
+        if failing and ctype == ROCE_NETWORK_READY:
+            findings.append(Finding(ctype, "False", failing, f"rail0 ens1f0: {failing}"))
+        else:
+            findings.append(Finding(ctype, "True", "Fine", "all good"))
+    fabric = (Finding(FABRIC_READY, "False", failing, f"RoCENetworkReady=False ({failing})")
+              if failing else Finding(FABRIC_READY, "True", "AllConditionsPassed", "ok"))
+    return Report(node=node, findings=[*findings, fabric])
+
+
+def kcfg(**patch: Any) -> Kubernetes:
+    base: dict[str, Any] = {"clear_after": 0.5, "lease_period": 1.0, "event_burst": 100,
+                            "event_rate": 100.0}
+    return Kubernetes(**{**base, **patch})
+
+
+@pytest.fixture
+def publisher(apiserver: ApiServer) -> Iterator[Callable[..., Publisher]]:
+    started: list[Publisher] = []
+
+    def make(node: str = "node-a", identity: str | None = None, **cfg: Any) -> Publisher:
+        conf = kcfg(**cfg)
+        ident = identity or f"agent-{node}"
+        pub = Publisher(conf, lambda: NodeWriter(apiserver.client(ident), node, conf))
+        pub.start()
+        started.append(pub)
+        return pub
+
+    yield make
+    for pub in started:
+        pub.stop()
+
+
+def taints(core: k8s.CoreV1Api, node: str) -> list[dict[str, Any]]:
+    """The Node's taints, less the ones the API server's own admission adds (not-ready)."""
+    found = node_json(core, node).get("spec", {}).get("taints") or []
+    return [t for t in found if not t["key"].startswith("node.kubernetes.io/")]
+
+
+def conditions(core: k8s.CoreV1Api, node: str) -> dict[str, dict[str, Any]]:
+    conds = node_json(core, node).get("status", {}).get("conditions") or []
+    return {c["type"]: c for c in conds}
+
+
+def our_taint(core: k8s.CoreV1Api, node: str) -> dict[str, Any] | None:
+    return next((t for t in taints(core, node) if t["key"] == KEY), None)
+
+
+def events(core: k8s.CoreV1Api, node: str) -> list[Any]:
+    items = core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}").items
+    return [e for e in items if e.source and e.source.component == "nodeagent"]
+
+
+def kubelet_ready(apiserver: ApiServer, node: str, message: str, as_node: str = "") -> None:
+    kubelet = k8s.CoreV1Api(apiserver.client(f"kubelet-{as_node or node}"))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    kubelet.patch_node_status(node, {"status": {"conditions": [{
+        "type": "Ready", "status": "True", "reason": "KubeletReady", "message": message,
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        _content_type="application/strategic-merge-patch+json")
+
+
+BOOT = {"key": KEY, "value": "AgentStarting", "effect": "NoSchedule"}
+FOREIGN_1 = {"key": "example.com/first", "value": "a", "effect": "NoSchedule"}
+FOREIGN_2 = {"key": "example.com/last", "effect": "NoExecute"}
+
+
+def test_conditions_taint_and_events_follow_findings(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a", [FOREIGN_1, BOOT, FOREIGN_2])  # registered fail-closed
+    kubelet_ready(apiserver, node, "kubelet is posting ready status")
+    pub = publisher(node)
+    pub.submit(report(node))
+    wait_for(lambda: our_taint(core, node) is None, what="boot taint lifted after dwell")
+    assert [t["key"] for t in taints(core, node)] == [FOREIGN_1["key"], FOREIGN_2["key"]]
+    conds = conditions(core, node)
+    assert {t: conds[t]["status"] for t in CONDITION_TYPES} == dict.fromkeys(CONDITION_TYPES,
+                                                                             "True")
+    assert conds["Ready"]["message"] == "kubelet is posting ready status"
+    gid_transition = conds["RoCEGIDStable"]["lastTransitionTime"]
+
+    pub.submit(report(node, failing="AddressMissing"))
+    wait_for(lambda: our_taint(core, node) is not None, what="taint on failure")
+    assert our_taint(core, node) == {"key": KEY, "value": "AddressMissing",
+                                     "effect": "NoSchedule"}
+    assert [t["key"] for t in taints(core, node)] == [FOREIGN_1["key"], FOREIGN_2["key"], KEY]
+    wait_for(lambda: conditions(core, node)["FabricReady"]["status"] == "False",
+             what="FabricReady False")
+    conds = conditions(core, node)
+    assert conds["RoCENetworkReady"]["reason"] == "AddressMissing"
+    assert conds["RoCENetworkReady"]["message"] == "rail0 ens1f0: AddressMissing"
+    assert conds["RoCEGIDStable"]["lastTransitionTime"] == gid_transition  # it stayed True
+    reasons = [e.reason for e in events(core, node)]
+    assert "FabricReadyFailed" in reasons and "RoCENetworkReadyFailed" in reasons
+    assert "FabricTaint" in reasons
+    lease = k8s.CoordinationV1Api(apiserver.client("admin")).read_namespaced_lease(
+        f"nodeagent-{node}", "nodeagent-system")
+    assert lease.spec.holder_identity == node
+
+
+def test_taint_is_lifted_only_after_clear_after(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a", [BOOT])
+    pub = publisher(node, clear_after=3.0)
+    pub.submit(report(node, failing="NoCarrier"))
+    wait_for(lambda: (our_taint(core, node) or {}).get("value") == "NoCarrier", what="taint")
+    healthy_at = time.monotonic()
+    pub.submit(report(node))
+    wait_for(lambda: conditions(core, node)["FabricReady"]["status"] == "True",
+             what="FabricReady True")
+    assert our_taint(core, node) is not None, "lifted before clear_after"
+    wait_for(lambda: our_taint(core, node) is None, timeout=15, what="taint lifted")
+    assert time.monotonic() - healthy_at >= 3.0
+
+
+def test_restart_keeps_transition_times_and_does_not_flap(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a", [BOOT])
+    first = publisher(node)
+    first.submit(report(node, failing="LinkFlapping"))
+    wait_for(lambda: (our_taint(core, node) or {}).get("value") == "LinkFlapping", what="taint")
+    wait_for(lambda: conditions(core, node)["FabricReady"]["status"] == "False", what="cond")
+    before = conditions(core, node)
+    n_events = len(events(core, node))
+    first.stop()
+
+    second = publisher(node, clear_after=2.0)
+    second.submit(report(node, failing="LinkFlapping"))
+    time.sleep(1.0)
+    after = conditions(core, node)
+    for ctype in CONDITION_TYPES:
+        assert after[ctype]["lastTransitionTime"] == before[ctype]["lastTransitionTime"]
+    assert len(events(core, node)) == n_events  # a restart is not news
+    assert our_taint(core, node) is not None
+    second.submit(report(node))
+    wait_for(lambda: our_taint(core, node) is None, what="lifted after healthy + dwell")
+
+
+def test_concurrent_taint_writer_loses_nothing(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a", [BOOT])
+    pub = publisher(node, clear_after=0.0)
+    other = k8s.CoreV1Api(apiserver.client("admin"))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def rmw(change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> None:
+        while True:
+            n = node_json(other, node)
+            body = {"metadata": {"resourceVersion": n["metadata"]["resourceVersion"]},
+                    "spec": {"taints": change(list(n["spec"].get("taints") or []))}}
+            try:
+                other.patch_node(node, body, _content_type=MERGE)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+
+    def other_writer() -> None:
+        try:
+            for i in range(40):
+                rmw(lambda ts, i=i: [*ts, {"key": f"other.io/k{i}", "effect": "NoSchedule"}])
+                if i % 2 == 0:
+                    rmw(lambda ts, i=i: [t for t in ts if t["key"] != f"other.io/k{i}"])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    flips = 0
+    while not stop.is_set():
+        pub.submit(report(node, failing="RuleMissing" if flips % 2 == 0 else None))
+        flips += 1
+        time.sleep(0.02)
+    writer.join()
+    assert not errors, errors
+    pub.submit(report(node, failing="RuleMissing"))
+    wait_for(lambda: (our_taint(core, node) or {}).get("value") == "RuleMissing", what="ours")
+    theirs = [t["key"] for t in taints(core, node) if t["key"].startswith("other.io/")]
+    assert theirs == [f"other.io/k{i}" for i in range(1, 40, 2)]
+    assert pub.writer is not None
+    print(f"flips={flips} conflicts={pub.writer.counters.conflicts}")
+
+
+def test_kubelet_status_writes_racing_ours_lose_no_condition(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a")
+    pub = publisher(node)
+    for i in range(40):
+        kubelet_ready(apiserver, node, f"heartbeat {i}")
+        pub.submit(report(node, failing="MTUMismatch" if i % 2 else None))
+    pub.submit(report(node, failing="MTUMismatch"))
+    wait_for(lambda: conditions(core, node).get("RoCENetworkReady", {}).get("reason")
+             == "MTUMismatch", what="our last state")
+    conds = conditions(core, node)
+    assert conds["Ready"]["message"] == "heartbeat 39"
+    assert set(CONDITION_TYPES) <= set(conds)
+
+
+def test_admin_cordon_is_never_lifted(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a")
+    core.patch_node(node, {"spec": {"unschedulable": True}})  # an admin's kubectl cordon
+    pub = publisher(node, cordon=True)
+    pub.submit(report(node, failing="NoCarrier"))
+    wait_for(lambda: our_taint(core, node) is not None, what="taint")
+    pub.submit(report(node))
+    wait_for(lambda: our_taint(core, node) is None, what="taint lifted")
+    n = node_json(core, node)
+    assert n["spec"]["unschedulable"] is True
+    assert "nodeagent.io/cordoned" not in (n["metadata"].get("annotations") or {})
+
+
+def test_agent_cordon_is_set_with_a_reason_and_lifted(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a")
+    pub = publisher(node, cordon=True)
+    pub.submit(report(node, failing="GIDIndexShifted"))
+    wait_for(lambda: node_json(core, node)["spec"].get("unschedulable") is True, what="cordon")
+    n = node_json(core, node)
+    assert n["metadata"]["annotations"]["nodeagent.io/cordoned"] == "GIDIndexShifted"
+    pub.submit(report(node))
+    wait_for(lambda: not node_json(core, node)["spec"].get("unschedulable"), what="uncordon")
+    assert "nodeagent.io/cordoned" not in (node_json(core, node)["metadata"].get("annotations")
+                                          or {})
+
+
+def forbidden(call: Callable[[], Any]) -> str:
+    with pytest.raises(ApiException) as info:
+        call()
+    assert info.value.status in (403, 422), info.value
+    return str(info.value.body)
+
+
+def test_identities_are_limited_to_their_own_node(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+) -> None:
+    a, b = fresh_node("node-a", [FOREIGN_1]), fresh_node("node-b")
+    agent_a = k8s.CoreV1Api(apiserver.client("agent-node-a"))
+    body = {"spec": {"taints": [{"key": KEY, "value": "x", "effect": "NoSchedule"}]}}
+    assert "may only change its own Node" in forbidden(
+        lambda: agent_a.patch_node(b, body, _content_type=MERGE))
+    assert "only add, change or remove taints under nodeagent.io/" in forbidden(
+        lambda: agent_a.patch_node(a, {"spec": {"taints": []}}, _content_type=MERGE))
+    status = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "X",
+                                         "message": "spoofed"}]}}
+    assert "only write its own condition types" in forbidden(
+        lambda: agent_a.patch_node_status(a, status,
+                                          _content_type="application/strategic-merge-patch+json"))
+    assert "labels under nodeagent.io/" in forbidden(
+        lambda: agent_a.patch_node(a, {"metadata": {"labels": {"team": "x"}}},
+                                   _content_type=MERGE))
+    # What it may do: its own taint, its own label prefix.
+    current = node_json(core, a)["spec"]["taints"]  # with the API server's not-ready taint
+    agent_a.patch_node(a, {"spec": {"taints": [*current, body["spec"]["taints"][0]]}},
+                       _content_type=MERGE)
+    assert our_taint(core, a) == {"key": KEY, "value": "x", "effect": "NoSchedule"}
+    agent_a.patch_node(a, {"metadata": {"labels": {"nodeagent.io/hca": "mt4129"}}},
+                       _content_type=MERGE)
+    # Events and Leases: only about itself.
+    event = {"metadata": {"generateName": "x."}, "reason": "R", "message": "m",
+             "involvedObject": {"kind": "Node", "name": b}}
+    assert "Events about its own Node" in forbidden(
+        lambda: agent_a.create_namespaced_event("default", event))  # type: ignore[arg-type]
+    coord = k8s.CoordinationV1Api(apiserver.client("agent-node-a"))
+    lease = {"metadata": {"name": f"nodeagent-{b}"}, "spec": {"holderIdentity": b}}
+    assert "its own Lease" in forbidden(
+        lambda: coord.create_namespaced_lease("nodeagent-system", lease))  # type: ignore[arg-type]
+    # The kubelet keeps its own rights (Node authorizer), and only for its own node.
+    kubelet_ready(apiserver, a, "still mine")
+    forbidden(lambda: kubelet_ready(apiserver, b, "not mine", as_node=a))
+    # Someone outside the agent group gets nothing.
+    stranger = k8s.CoreV1Api(apiserver.client("stranger"))
+    forbidden(lambda: stranger.patch_node(a, body, _content_type=MERGE))
+
+
+def test_token_without_rights_is_a_clear_error_not_a_crash(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a", [BOOT])
+    pub = publisher(node, identity="stranger")
+    pub.submit(report(node))
+    wait_for(lambda: pub.state.last_error is not None, what="an error recorded")
+    assert "403" in pub.state.last_error or "Forbidden" in pub.state.last_error  # type: ignore[operator]
+    assert pub.is_alive() and pub.state.synced is False
+    assert our_taint(core, node) is not None  # nothing lifted by a failed writer
+
+
+def test_event_storm_is_rate_limited(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+) -> None:
+    node = fresh_node("node-c")
+    conf = kcfg(event_burst=3, event_rate=0.01)
+    writer = NodeWriter(apiserver.client("agent-node-c"), node, conf)
+    sent = [writer.event(None, "Storm", f"event {i}", True) for i in range(20)]
+    assert sent.count(True) == 3 and writer.counters.events_dropped == 17
+    assert len([e for e in events(core, node) if e.reason == "Storm"]) == 3
