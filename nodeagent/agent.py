@@ -44,7 +44,7 @@ GROUPS = (
 
 @dataclass(frozen=True)
 class Work:
-    kind: str  # "event" | "resync" | "reload" | "stop"
+    kind: str  # "event" | "resync" | "reload" | "stop" | "status" (rewrite status file)
     msg: Any = None
 
 
@@ -257,7 +257,12 @@ class Agent:
         from nodeagent.publish.kube import NodeWriter, api_client
 
         node = self.cfg.resolved_node_name()
-        self.publisher = Publisher(kcfg, lambda: NodeWriter(api_client(kcfg), node, kcfg))
+        self.publisher = Publisher(
+            kcfg,
+            lambda: NodeWriter(api_client(kcfg), node, kcfg),
+            device_plugin=self.cfg.device_plugin,
+            on_change=lambda: self.work.put(Work("status")),
+        )
         self.publisher.start()
 
     def run(self) -> int:
@@ -280,6 +285,7 @@ class Agent:
                     item = None
                 full = item is None and self.clock() >= next_resync
                 rails: set[str] = set()
+                status_only = False
                 if item is None and not full:
                     rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
                 # Drain what else is queued: one pass serves a burst of events.
@@ -293,6 +299,8 @@ class Agent:
                         full = True
                     elif item.kind == "event":
                         rails |= self.rails_for(item.msg)
+                    elif item.kind == "status":
+                        status_only = True
                     try:
                         item = self.work.get_nowait()
                     except queue.Empty:
@@ -304,6 +312,8 @@ class Agent:
                     next_resync = self.clock() + self.cfg.resync_interval
                 elif rails:
                     self.run_pass(rails)
+                elif status_only and self.last_report is not None:
+                    self._publish(self.last_report)  # the Kubernetes side changed
             # SIGTERM: the current step is done; leave a status that says we stopped.
             if self.last_report is not None:
                 self._publish(self.last_report, state="stopped")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -211,3 +212,87 @@ def roce_entries(
             (ipv4_index + 1, f"::ffff:{ipv4}", "RoCE v2", ndev),
         ]
     return out
+
+
+# ---------------------------------------------------------------- loopback bridge
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "setns failed")
+
+
+class LoopbackBridge:
+    """Make host 127.0.0.1:<port> reachable as 127.0.0.1:<port> inside a namespace.
+
+    A daemon under test runs in its own network namespace (with its rails) but must reach
+    the API server on the host's loopback. The listening socket is created inside the
+    namespace by a thread that setns()es there and back (setns is per thread); upstream
+    connections are made from the host namespace. Traffic stays on the two loopbacks.
+    """
+
+    def __init__(self, netns: str, port: int) -> None:
+        import socket
+        import threading
+
+        self.port = port
+        host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        ns_fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        made: list[socket.socket] = []
+
+        def make_listener() -> None:
+            _setns(ns_fd)
+            try:
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("127.0.0.1", port))
+                s.listen(64)
+                made.append(s)
+            finally:
+                _setns(host_fd)
+
+        t = threading.Thread(target=make_listener)
+        t.start()
+        t.join()
+        os.close(ns_fd)
+        os.close(host_fd)
+        self.listener = made[0]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def close(self) -> None:
+        self.listener.close()

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.config import Kubernetes
+from nodeagent.checks.deviceplugin import toleration_problem
+from nodeagent.config import DevicePlugin, Kubernetes
 from nodeagent.evaluate import Report
-from nodeagent.model import FABRIC_READY, Finding
+from nodeagent.model import FABRIC_READY, RDMA_DEVICE_PLUGIN_READY, Finding
 from nodeagent.publish.node import TaintGate, condition_updates, taint_value
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
@@ -35,6 +36,7 @@ class PublishState:
     last_error: str | None = None
     tainted: bool = True
     taint_reason: str = "AgentStarting"
+    toleration_problem: str | None = None
 
 
 class Publisher(threading.Thread):
@@ -43,9 +45,13 @@ class Publisher(threading.Thread):
         cfg: Kubernetes,
         writer_factory: Callable[[], NodeWriter],
         clock: Callable[[], float] = time.monotonic,
+        device_plugin: DevicePlugin | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="kube-publisher", daemon=True)
         self.cfg = cfg
+        self.device_plugin = device_plugin
+        self._on_change = on_change  # the status file shows the Kubernetes side too
         self._factory = writer_factory
         self.writer: NodeWriter | None = None
         self.clock = clock
@@ -104,6 +110,17 @@ class Publisher(threading.Thread):
 
     def sync_once(self) -> None:
         """One round: newest findings -> conditions, taint/cordon, Events, Lease."""
+        before = self.status()
+        try:
+            self._sync_once()
+        finally:
+            if self._on_change is not None and self.status_key() != _key(before):
+                self._on_change()
+
+    def status_key(self) -> tuple[Any, ...]:
+        return _key(self.status())
+
+    def _sync_once(self) -> None:
         now = self.clock()
         with self._lock:
             report, dirty = self._latest, self._dirty
@@ -116,6 +133,8 @@ class Publisher(threading.Thread):
             tainted = self.gate.feed(now, fabric)
             want = (tainted, self.gate.reason)
             reconcile = now >= self._next_reconcile
+            if reconcile and self.device_plugin is not None:
+                self._check_toleration()
             if dirty or reconcile or want != self._applied_taint or tainted != before:
                 self._sync_node(report, tainted, reconcile)
                 with self._lock:
@@ -130,6 +149,28 @@ class Publisher(threading.Thread):
         self.state.synced = True
         self.state.last_error = None
 
+    def _check_toleration(self) -> None:
+        """A plugin that does not tolerate our taint deadlocks a tainted node: say so."""
+        writer, dp = self.writer, self.device_plugin
+        assert writer is not None and dp is not None
+        ds = writer.read_daemonset(dp.namespace, dp.daemonset)
+        problem = None if ds is None else toleration_problem(
+            ds, self.cfg.taint.key, self.cfg.taint.effect)
+        if problem and problem != self.state.toleration_problem:
+            writer.event(None, "PluginDoesNotTolerateFabricTaint", problem, True)
+            log.error("%s", problem)
+        self.state.toleration_problem = problem
+
+    def _with_toleration_problem(self, findings: list[Finding]) -> list[Finding]:
+        problem = self.state.toleration_problem
+        if not problem:
+            return findings
+        return [
+            Finding(f.type, f.status, f.reason, f"{f.message}; {problem}")
+            if f.type == RDMA_DEVICE_PLUGIN_READY else f
+            for f in findings
+        ]
+
     def _sync_node(self, report: Report, tainted: bool, reconcile: bool) -> None:
         writer = self.writer
         assert writer is not None
@@ -139,7 +180,8 @@ class Publisher(threading.Thread):
         if not self._published:  # a restart: what the Node already says is not news
             self._published = {c["type"]: (c.get("status", ""), c.get("reason", ""))
                                for c in existing if "type" in c}
-        updates = condition_updates(existing, report.findings, time.time())
+        updates = condition_updates(existing, self._with_toleration_problem(report.findings),
+                                    time.time())
         if updates:
             writer.patch_conditions(updates)
         for f in report.findings:
@@ -164,11 +206,17 @@ class Publisher(threading.Thread):
             "last_error": self.state.last_error,
             "tainted": self.state.tainted,
             "taint_reason": self.state.taint_reason,
+            "toleration_problem": self.state.toleration_problem,
             "requests": counters.requests if counters else 0,
             "writes": counters.writes if counters else 0,
             "conflicts": counters.conflicts if counters else 0,
             "events_dropped": counters.events_dropped if counters else 0,
         }
+
+
+def _key(status: dict[str, Any]) -> tuple[Any, ...]:
+    return (status["synced"], status["last_error"], status["tainted"], status["taint_reason"],
+            status["toleration_problem"])
 
 
 def describe_error(exc: BaseException) -> str:

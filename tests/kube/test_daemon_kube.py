@@ -1,0 +1,67 @@
+"""The whole daemon: a real kernel (netns rails) and a real API server together."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from apiserver import ApiServer
+from conftest import node_json
+from helpers import LoopbackBridge, Netns, read_status, stop_daemon, wait_for, write_config
+from kubernetes import client as k8s
+from test_publisher import BOOT, KEY, our_taint
+
+
+def test_daemon_publishes_taints_on_faults_and_survives_restarts(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path,
+) -> None:
+    node = fresh_node("node-c", [BOOT])  # kubelet registerWithTaints: fail closed
+    agent_config["node_name"] = node
+    agent_config["resync_interval"] = "1h"
+    agent_config["kubernetes"] = {
+        "kubeconfig": str(apiserver.kubeconfig("agent-node-c", tmp_path / "kubeconfig")),
+        "clear_after": "1s", "lease_period": "2s"}
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    runtime = Path(agent_config["runtime_dir"])
+    rails_ns.ip("link", "set", "lo", "up")
+    bridge = LoopbackBridge(rails_ns.name, apiserver.port)  # the daemon lives in the netns
+
+    time.sleep(1.5)  # no agent running: nothing lifts the boot taint
+    assert our_taint(core, node) is not None
+
+    proc = rails_ns.start_daemon(cfg)
+    wait_for(lambda: our_taint(core, node) is None, timeout=30, what="first healthy pass + dwell")
+    conds = {c["type"]: c for c in node_json(core, node)["status"]["conditions"]}
+    assert conds["FabricReady"]["status"] == "True"
+
+    rails_ns.ip("link", "set", "p0", "down")  # carrier loss: not repairable, so a fault
+    wait_for(lambda: (our_taint(core, node) or {}).get("value") == "NoCarrier", what="taint")
+
+    proc.kill()  # crash while tainted
+    proc.wait()
+    time.sleep(1.5)
+    assert (our_taint(core, node) or {}).get("value") == "NoCarrier"
+    proc = rails_ns.start_daemon(cfg)
+    wait_for(lambda: (read_status(runtime) or {}).get("daemon", {}).get("passes", 0) >= 1
+             and (read_status(runtime) or {}).get("daemon", {}).get("pid") == proc.pid,
+             timeout=20, what="restarted daemon's first pass")
+    time.sleep(1.5)
+    assert (our_taint(core, node) or {}).get("value") == "NoCarrier"  # no flap on restart
+
+    rails_ns.ip("link", "set", "p0", "up")
+    wait_for(lambda: our_taint(core, node) is None, what="lifted after healthy + dwell")
+    status = read_status(runtime)
+    assert status is not None and status["kubernetes"]["synced"] is True
+    assert status["kubernetes"]["tainted"] is False
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    lease = k8s.CoordinationV1Api(apiserver.client("admin")).read_namespaced_lease(
+        f"nodeagent-{node}", "nodeagent-system")
+    assert lease.spec.holder_identity == node
+    assert json.loads(json.dumps(status))["ok"] is True
+    assert KEY not in [t["key"] for t in node_json(core, node)["spec"].get("taints") or []]
+    bridge.close()

@@ -1,0 +1,94 @@
+"""Faults around the API server: it dies and comes back; a plugin that would deadlock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from apiserver import ApiServer, build_testenv
+from conftest import add_identities, node_json
+from helpers import wait_for
+from kubernetes import client as k8s
+from test_publisher import BOOT, KEY, kcfg, our_taint, report
+
+from nodeagent.config import DevicePlugin
+from nodeagent.publish.kube import NodeWriter
+from nodeagent.publish.publisher import Publisher
+
+
+@pytest.fixture
+def own_apiserver(tmp_path: Path) -> Iterator[ApiServer]:
+    """An API server of this test's own, free to be stopped and started again."""
+    server = ApiServer(tmp_path / "apiserver")
+    server.workdir.mkdir()
+    add_identities(server)
+    server.start(build_testenv())
+    server.apply_deploy()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_api_server_down_then_back_catches_up_with_the_newest_state(
+    own_apiserver: ApiServer,
+) -> None:
+    core = k8s.CoreV1Api(own_apiserver.client("admin"))
+    core.create_node({"metadata": {"name": "node-a"},  # type: ignore[arg-type]
+                      "spec": {"taints": [BOOT]}})
+    conf = kcfg(clear_after=0.2)
+    pub = Publisher(conf, lambda: NodeWriter(own_apiserver.client("agent-node-a"), "node-a",
+                                             conf))
+    pub.start()
+    try:
+        pub.submit(report("node-a"))
+        wait_for(lambda: our_taint(core, "node-a") is None, what="healthy at first")
+        own_apiserver.stop()
+        pub.submit(report("node-a", failing="NoCarrier"))
+        wait_for(lambda: pub.state.last_error is not None, what="the writer noticing")
+        pub.submit(report("node-a", failing="RuleMissing"))  # newer than what failed
+        own_apiserver.start(build_testenv())
+        wait_for(lambda: (our_taint(core, "node-a") or {}).get("value") == "RuleMissing",
+                 timeout=60, what="the newest state written once the API is back")
+        conds = {c["type"]: c for c in node_json(core, "node-a")["status"]["conditions"]}
+        assert (conds["FabricReady"]["status"], conds["FabricReady"]["reason"]) == (
+            "False", "RuleMissing")
+        wait_for(lambda: pub.state.synced, what="synced again")
+    finally:
+        pub.stop()
+
+
+def test_plugin_that_does_not_tolerate_the_taint_is_reported(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+) -> None:
+    apps = k8s.AppsV1Api(apiserver.client("admin"))
+    labels = {"app": "rdma-dp-intolerant"}
+    apps.create_namespaced_daemon_set("kube-system", {  # type: ignore[arg-type]
+        "metadata": {"name": "rdma-dp-intolerant"},
+        "spec": {"selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "dp", "image": "registry.example/rdma-dp:1"}]}}}})
+    node = fresh_node("node-b", [BOOT])
+    conf = kcfg()
+    dp = DevicePlugin(namespace="kube-system", daemonset="rdma-dp-intolerant")
+    pub = Publisher(conf, lambda: NodeWriter(apiserver.client("agent-node-b"), node, conf),
+                    device_plugin=dp)
+    pub.start()
+    try:
+        pub.submit(report(node))
+        wait_for(lambda: pub.state.toleration_problem is not None, what="problem found")
+
+        def message() -> str:
+            conds = node_json(core, node).get("status", {}).get("conditions") or []
+            return next((c["message"] for c in conds if c["type"] == "RDMADevicePluginReady"),
+                        "")
+
+        wait_for(lambda: "does not tolerate the fabric taint" in message(), what="in condition")
+        events = core.list_namespaced_event("default",
+                                            field_selector=f"involvedObject.name={node}").items
+        assert any(e.reason == "PluginDoesNotTolerateFabricTaint" and e.type == "Warning"
+                   for e in events)
+        assert KEY in message()
+    finally:
+        pub.stop()

@@ -1,0 +1,106 @@
+"""Pure Node-publishing logic: condition merging, taint lists, hysteresis, cordon, tolerations."""
+
+from __future__ import annotations
+
+from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
+from nodeagent.model import Finding
+from nodeagent.publish.node import (
+    CORDON_ANNOTATION,
+    TaintGate,
+    condition_updates,
+    cordon_patch,
+    desired_taints,
+    rfc3339,
+    taint_value,
+)
+
+KEY, EFFECT = "nodeagent.io/fabric-unready", "NoSchedule"
+A = {"key": "a.example/x", "value": "1", "effect": "NoSchedule"}
+B = {"key": "b.example/y", "effect": "NoExecute"}
+
+
+def test_taint_added_at_the_end_and_others_kept_in_order() -> None:
+    assert desired_taints([A, B], KEY, EFFECT, "NoCarrier") == [
+        A, B, {"key": KEY, "value": "NoCarrier", "effect": EFFECT}]
+
+
+def test_taint_value_updated_in_place() -> None:
+    ours = {"key": KEY, "value": "Old", "effect": EFFECT, "timeAdded": "2026-01-01T00:00:00Z"}
+    assert desired_taints([A, ours, B], KEY, EFFECT, "New") == [
+        A, {"key": KEY, "value": "New", "effect": EFFECT, "timeAdded": "2026-01-01T00:00:00Z"}, B]
+    assert desired_taints([A, ours, B], KEY, EFFECT, "Old") is None  # already right
+
+
+def test_removing_our_duplicates_keeps_everything_else() -> None:
+    # The incident: a JSON patch removing index 2 then index 3 of a shifted array. Here the
+    # whole list is rebuilt by key, so two of ours go and the rest stays, in order.
+    ours = {"key": KEY, "value": "x", "effect": EFFECT}
+    got = desired_taints([ours, A, dict(ours), B], KEY, EFFECT, None)
+    assert got == [A, B]
+    assert desired_taints([A, B], KEY, EFFECT, None) is None
+    # Our key with another effect is not ours to touch.
+    other_effect = {"key": KEY, "effect": "NoExecute"}
+    assert desired_taints([other_effect], KEY, EFFECT, None) is None
+
+
+def test_taint_value_is_label_safe() -> None:
+    assert taint_value("AddressMissing") == "AddressMissing"
+    assert taint_value("bad value/with:chars") == "bad-value-with-chars"
+    assert len(taint_value("X" * 100)) == 63
+    assert taint_value("---") == "FabricNotReady"
+
+
+def test_condition_updates_only_what_changed_and_keeps_transition_times() -> None:
+    existing = [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"},
+        {"type": "RoCENetworkReady", "status": "True", "reason": "RailsConfigured",
+         "message": "2 rails", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+    ]
+    same = Finding("RoCENetworkReady", "True", "RailsConfigured", "2 rails")
+    assert condition_updates(existing, [same], 1000.0) == []
+    reworded = Finding("RoCENetworkReady", "True", "RailsConfigured", "3 rails")
+    [update] = condition_updates(existing, [reworded], 1000.0)
+    assert update["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+    flipped = Finding("RoCENetworkReady", "False", "NoCarrier", "down")
+    [update] = condition_updates(existing, [flipped], 1000.0)
+    assert update["lastTransitionTime"] == rfc3339(1000.0)
+    assert condition_updates(existing, [Finding("Ready", "False", "X", "y")], 1.0) == []
+
+
+def test_gate_starts_tainted_taints_at_once_and_lifts_after_dwell() -> None:
+    ok = Finding("FabricReady", "True", "AllConditionsPassed", "")
+    bad = Finding("FabricReady", "False", "NoCarrier", "")
+    gate = TaintGate(clear_after=30)
+    assert gate.feed(0, ok) is True and gate.lifts_at() == 30
+    assert gate.feed(29.9, ok) is True
+    assert gate.feed(30, ok) is False
+    assert gate.feed(31, bad) is True and gate.reason == "NoCarrier"
+    assert gate.feed(40, ok) is True  # the dwell starts again
+    assert gate.feed(69, ok) is True and gate.feed(70, ok) is False
+
+
+def test_cordon_never_lifts_someone_elses() -> None:
+    assert cordon_patch(True, {}, want_cordon=True, reason="X") is None
+    assert cordon_patch(True, {}, want_cordon=False, reason="X") is None
+    set_ = cordon_patch(False, {}, want_cordon=True, reason="NoCarrier")
+    assert set_ == {"spec": {"unschedulable": True},
+                    "metadata": {"annotations": {CORDON_ANNOTATION: "NoCarrier"}}}
+    lift = cordon_patch(True, {CORDON_ANNOTATION: "NoCarrier"}, want_cordon=False, reason="")
+    assert lift == {"spec": {"unschedulable": False},
+                    "metadata": {"annotations": {CORDON_ANNOTATION: None}}}
+
+
+def test_tolerations() -> None:
+    assert tolerates_taint([{"operator": "Exists"}], KEY, EFFECT)
+    assert tolerates_taint([{"key": KEY, "operator": "Exists", "effect": EFFECT}], KEY, EFFECT)
+    assert not tolerates_taint([{"key": KEY, "operator": "Equal", "value": "NoCarrier"}],
+                               KEY, EFFECT)
+    assert not tolerates_taint([{"key": KEY, "operator": "Exists", "effect": "NoExecute"}],
+                               KEY, EFFECT)
+    assert not tolerates_taint([{"key": "node.kubernetes.io/unschedulable",
+                                 "operator": "Exists"}], KEY, EFFECT)
+    ds = {"metadata": {"namespace": "kube-system", "name": "rdma-dp"},
+          "spec": {"template": {"spec": {"tolerations": []}}}}
+    problem = toleration_problem(ds, KEY, EFFECT)
+    assert problem is not None and problem.startswith(
+        "daemonset kube-system/rdma-dp does not tolerate the fabric taint")
