@@ -1,0 +1,223 @@
+"""Kubernetes publishing against a real kube-apiserver (built by tools/testenv).
+
+  latency  fault -> taint visible to a watching client, over N faults (p50/p99), and
+           recovery -> taint removed, measured against clear_after (mean, spread)
+  steady   a healthy node for M minutes, resubmitted every resync (30 s): API requests and
+           writes, per node-hour
+  fleet    one process simulating N agents (one per Node object, each its own identity),
+           faults on 10 %: p99 fault -> taint, and the API request rate
+
+Usage: .venv/bin/python bench/kube_publish.py latency|steady|fleet [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, pct, summary
+
+sys.path.insert(0, str(ROOT / "tests" / "kube"))
+
+from apiserver import AGENT_GROUP, ApiServer, build_testenv
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+
+from nodeagent.config import Kubernetes
+from nodeagent.evaluate import Report
+from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding
+from nodeagent.publish.kube import NodeWriter
+from nodeagent.publish.publisher import Publisher
+
+KEY = "nodeagent.io/fabric-unready"
+
+
+def report(node: str, failing: str | None) -> Report:
+    findings = [Finding(t, "True", "Fine", "ok") for t in CONDITION_TYPES if t != FABRIC_READY]
+    fabric = (Finding(FABRIC_READY, "False", failing, failing) if failing
+              else Finding(FABRIC_READY, "True", "AllConditionsPassed", "ok"))
+    return Report(node=node, findings=[*findings, fabric])
+
+
+def start_server(nodes: list[str]) -> ApiServer:
+    server = ApiServer(Path(tempfile.mkdtemp(prefix="nodeagent-bench-kube-")))
+    server.add_identity("admin", "admin", ["system:masters"])
+    for n in nodes:
+        server.add_identity(f"agent-{n}", f"nodeagent:node:{n}", [AGENT_GROUP])
+    server.start(build_testenv())
+    server.apply_deploy()
+    core = k8s.CoreV1Api(server.client("admin"))
+    for n in nodes:
+        core.create_node({"metadata": {"name": n},  # type: ignore[arg-type]
+                          "spec": {"taints": [{"key": KEY, "value": "AgentStarting",
+                                               "effect": "NoSchedule"}]}})
+    return server
+
+
+class TaintWatcher(threading.Thread):
+    """A client watching all Nodes: when did each node's taint appear / disappear."""
+
+    def __init__(self, server: ApiServer) -> None:
+        super().__init__(daemon=True)
+        self.core = k8s.CoreV1Api(server.client("admin"))
+        self.state: dict[str, bool] = {}
+        self.changed: dict[str, list[tuple[float, bool]]] = {}
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        w = k8s_watch.Watch()
+        rv = self.core.list_node().metadata.resource_version
+        self.ready.set()
+        while True:
+            for ev in w.stream(self.core.list_node, resource_version=rv, timeout_seconds=300):
+                node = ev["object"]
+                rv = node.metadata.resource_version
+                tainted = any(t.key == KEY for t in (node.spec.taints or []))
+                name = node.metadata.name
+                if self.state.get(name) != tainted:
+                    self.state[name] = tainted
+                    self.changed.setdefault(name, []).append((time.monotonic(), tainted))
+
+    def wait(self, node: str, tainted: bool, after: float, timeout: float = 30) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for t, state in self.changed.get(node, []):
+                if t >= after and state == tainted:
+                    return t
+            time.sleep(0.001)
+        raise SystemExit(f"bench: {node} never became tainted={tainted}")
+
+
+def publisher(server: ApiServer, node: str, conf: Kubernetes) -> Publisher:
+    pub = Publisher(conf, lambda: NodeWriter(server.client(f"agent-{node}"), node, conf))
+    pub.start()
+    return pub
+
+
+def cmd_latency(args: argparse.Namespace) -> None:
+    server = start_server(["node-a"])
+    try:
+        watcher = TaintWatcher(server)
+        watcher.start()
+        watcher.ready.wait()
+        conf = Kubernetes(clear_after=args.clear_after, lease_period=60, event_rate=1000,
+                          event_burst=1000)
+        pub = publisher(server, "node-a", conf)
+        pub.submit(report("node-a", None))
+        watcher.wait("node-a", False, 0)
+        to_taint, to_clear = [], []
+        for i in range(args.faults):
+            t0 = time.monotonic()
+            pub.submit(report("node-a", f"Fault{i % 7}"))
+            to_taint.append(1000 * (watcher.wait("node-a", True, t0) - t0))
+            t1 = time.monotonic()
+            pub.submit(report("node-a", None))
+            to_clear.append(watcher.wait("node-a", False, t1) - t1 - args.clear_after)
+            flips = [s for t, s in watcher.changed["node-a"] if t >= t0]
+            assert flips == [True, False], f"flapped: {flips}"
+        pub.stop()
+        print(f"{args.faults} faults, one node, clear_after {args.clear_after}s")
+        print(summary("fault -> taint visible", to_taint))
+        print(f"{'recovery -> taint removed':<28} clear_after + mean "
+              f"{1000 * statistics.fmean(to_clear):.1f} ms, stdev "
+              f"{1000 * statistics.pstdev(to_clear):.1f} ms, max "
+              f"{1000 * max(to_clear):.1f} ms; no flapping")
+    finally:
+        server.stop()
+
+
+def cmd_steady(args: argparse.Namespace) -> None:
+    server = start_server(["node-a"])
+    try:
+        conf = Kubernetes(clear_after=1)
+        pub = publisher(server, "node-a", conf)
+        pub.submit(report("node-a", None))
+        time.sleep(3)  # first sync and the taint lift
+        assert pub.writer is not None
+        c = pub.writer.counters
+        r0, w0, t0 = c.requests, c.writes, time.monotonic()
+        while time.monotonic() - t0 < args.minutes * 60:
+            time.sleep(30)  # what the local loop's resync does
+            pub.submit(report("node-a", None))
+        hours = (time.monotonic() - t0) / 3600
+        requests, writes = c.requests - r0, c.writes - w0
+        pub.stop()
+        print(f"steady state {args.minutes} min, lease_period {conf.lease_period:g}s, "
+              f"reconcile_interval {conf.reconcile_interval:g}s")
+        print(f"requests {requests} ({requests / hours:.0f} per node-hour), writes {writes} "
+              f"({writes / hours:.0f} per node-hour; Lease renewals at this period: "
+              f"{3600 / conf.lease_period:.0f})")
+    finally:
+        server.stop()
+
+
+def cmd_fleet(args: argparse.Namespace) -> None:
+    nodes = [f"fleet-{i:04d}" for i in range(args.nodes)]
+    t_start = time.monotonic()
+    server = start_server(nodes)
+    print(f"apiserver up with {args.nodes} Nodes in {time.monotonic() - t_start:.0f}s")
+    try:
+        watcher = TaintWatcher(server)
+        watcher.start()
+        watcher.ready.wait()
+        conf = Kubernetes(clear_after=1, lease_period=args.lease_period)
+        pubs = {n: publisher(server, n, conf) for n in nodes}
+        for n, p in pubs.items():
+            p.submit(report(n, None))
+        deadline = time.monotonic() + 300
+        while any(watcher.state.get(n, True) for n in nodes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"all {args.nodes} untainted after {time.monotonic() - t_start:.0f}s")
+
+        def total() -> int:
+            return sum(p.writer.counters.requests for p in pubs.values() if p.writer)
+
+        r0, t0 = total(), time.monotonic()
+        faulty = nodes[:: max(1, args.nodes // (args.nodes // 10 or 1))][: args.nodes // 10]
+        latencies: list[float] = []
+        starts: dict[str, float] = {}
+        for n in faulty:
+            starts[n] = time.monotonic()
+            pubs[n].submit(report(n, "NoCarrier"))
+        for n in faulty:
+            latencies.append(1000 * (watcher.wait(n, True, starts[n], timeout=60) - starts[n]))
+        time.sleep(max(0.0, args.seconds - (time.monotonic() - t0)))
+        elapsed = time.monotonic() - t0
+        rate = (total() - r0) / elapsed
+        for p in pubs.values():
+            p.stop(timeout=0.1)
+        print(f"fleet: {args.nodes} agents, {len(faulty)} faults at once, "
+              f"lease_period {args.lease_period:g}s")
+        print(summary("fault -> taint visible", latencies))
+        print(f"API request rate over {elapsed:.0f}s: {rate:.1f}/s "
+              f"(p99 above: {pct(latencies, 99):.0f} ms)")
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--faults", type=int, default=100)
+    lat.add_argument("--clear-after", type=float, default=2.0)
+    st = sub.add_parser("steady")
+    st.add_argument("--minutes", type=float, default=10.0)
+    fl = sub.add_parser("fleet")
+    fl.add_argument("--nodes", type=int, default=1000)
+    fl.add_argument("--lease-period", type=float, default=20.0)
+    fl.add_argument("--seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    commands: dict[str, Any] = {"latency": cmd_latency, "steady": cmd_steady, "fleet": cmd_fleet}
+    commands[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
