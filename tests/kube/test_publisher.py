@@ -340,3 +340,30 @@ def test_event_storm_is_rate_limited(
     sent = [writer.event(None, "Storm", f"event {i}", True) for i in range(20)]
     assert sent.count(True) == 3 and writer.counters.events_dropped == 17
     assert len([e for e in events(core, node) if e.reason == "Storm"]) == 3
+
+
+def test_bound_service_account_token_is_limited_to_its_node(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+) -> None:
+    """A token bound to a Node carries the node-name extra; the policy goes by it."""
+    a, b = fresh_node("node-a"), fresh_node("node-b")
+    try:
+        core.create_namespaced_service_account(
+            "nodeagent-system", {"metadata": {"name": "agent"}})  # type: ignore[arg-type]
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    uid = node_json(core, a)["metadata"]["uid"]
+    token = core.create_namespaced_service_account_token("agent", "nodeagent-system", {
+        "spec": {"audiences": [], "expirationSeconds": 3600,
+                 "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": a, "uid": uid}},
+    }).status.token  # type: ignore[arg-type]
+    conf = apiserver.configuration("admin")
+    conf.api_key = {"authorization": token}
+    sa = k8s.CoreV1Api(k8s.ApiClient(conf))
+    current = node_json(core, a)["spec"].get("taints") or []
+    mine = {"key": KEY, "value": "x", "effect": "NoSchedule"}
+    sa.patch_node(a, {"spec": {"taints": [*current, mine]}}, _content_type=MERGE)
+    assert our_taint(core, a) == mine
+    assert "may only change its own Node" in forbidden(
+        lambda: sa.patch_node(b, {"spec": {"taints": [mine]}}, _content_type=MERGE))
