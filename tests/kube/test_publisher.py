@@ -255,6 +255,20 @@ def test_admin_cordon_is_never_lifted(
     assert "nodeagent.io/cordoned" not in (n["metadata"].get("annotations") or {})
 
 
+def test_admin_cordon_during_a_fault_is_never_lifted(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a")
+    pub = publisher(node)  # taint only: the cordon is the admin's business
+    pub.submit(report(node, failing="RouteMissing"))
+    wait_for(lambda: our_taint(core, node) is not None, what="taint")
+    core.patch_node(node, {"spec": {"unschedulable": True}})  # admin drains during the fault
+    pub.submit(report(node))
+    wait_for(lambda: our_taint(core, node) is None, what="taint lifted")
+    time.sleep(0.5)
+    assert node_json(core, node)["spec"]["unschedulable"] is True
+
+
 def test_agent_cordon_is_set_with_a_reason_and_lifted(
     core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
 ) -> None:
