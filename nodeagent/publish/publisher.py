@@ -70,9 +70,13 @@ class Publisher(threading.Thread):
     # ------------------------------------------------------------ API for the local loop
 
     def submit(self, report: Report) -> None:
+        fabric = _fabric(report)
         with self._lock:
             self._latest = report
             self._dirty = True
+            # The gate sees every pass, even ones the writer never gets to (API slow or
+            # down): a failure between two writes still restarts the clear_after dwell.
+            self.gate.feed(self.clock(), fabric)
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -128,10 +132,10 @@ class Publisher(threading.Thread):
             self.writer = self._factory()
         writer = self.writer
         if report is not None:
-            fabric = _fabric(report)
-            before = self.gate.tainted
-            tainted = self.gate.feed(now, fabric)
-            want = (tainted, self.gate.reason)
+            with self._lock:  # the newest report still holds now: the dwell may be over
+                before = self.gate.tainted
+                tainted = self.gate.feed(now, _fabric(report))
+                want = (tainted, self.gate.reason)
             reconcile = now >= self._next_reconcile
             if reconcile and self.device_plugin is not None:
                 self._check_toleration()
