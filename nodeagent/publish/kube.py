@@ -125,20 +125,23 @@ class NodeWriter:
                    {"status": {"conditions": conditions}}, STRATEGIC)
 
     def sync_taint_and_cordon(
-        self, taint_value: str | None, cordon: bool, reason: str
+        self, taint_value: str | None, cordon: bool, reason: str,
+        node: dict[str, Any] | None = None,
     ) -> list[str]:
         """Make our taint (and cordon) match; returns what changed, for Events.
 
         Read-modify-write with a resourceVersion precondition: a concurrent writer's change
         makes ours fail with 409, and we retry on the fresh object, so no taint we do not
-        own is ever dropped or reordered.
+        own is ever dropped or reordered. `node`, when given, is a fresh read that saves
+        the first GET.
         """
+        fresh = [node] if node is not None else []
 
         @retry(retry=retry_if_exception(is_conflict), reraise=True,
                wait=wait_random_exponential(multiplier=0.02, max=1.0),
                stop=stop_after_attempt(12))
         def attempt() -> list[str]:
-            node = self.read_node()
+            node = fresh.pop() if fresh else self.read_node()
             spec = node.get("spec", {})
             meta = node.get("metadata", {})
             annotations = meta.get("annotations") or {}

@@ -61,9 +61,8 @@ class Publisher(threading.Thread):
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._latest: Report | None = None
-        self._dirty = False
         self._published: dict[str, tuple[str, str]] = {}  # type -> (status, reason) on the Node
-        self._applied_taint: tuple[bool, str] | None = None
+        self._applied: tuple[Any, ...] | None = None  # findings + taint last written
         self._next_lease = 0.0
         self._next_reconcile = 0.0
 
@@ -73,7 +72,6 @@ class Publisher(threading.Thread):
         fabric = _fabric(report)
         with self._lock:
             self._latest = report
-            self._dirty = True
             # The gate sees every pass, even ones the writer never gets to (API slow or
             # down): a failure between two writes still restarts the clear_after dwell.
             self.gate.feed(self.clock(), fabric)
@@ -127,7 +125,7 @@ class Publisher(threading.Thread):
     def _sync_once(self) -> None:
         now = self.clock()
         with self._lock:
-            report, dirty = self._latest, self._dirty
+            report = self._latest
         if self.writer is None:
             self.writer = self._factory()
         writer = self.writer
@@ -139,12 +137,13 @@ class Publisher(threading.Thread):
             reconcile = now >= self._next_reconcile
             if reconcile and self.device_plugin is not None:
                 self._check_toleration()
-            if dirty or reconcile or want != self._applied_taint or tainted != before:
-                self._sync_node(report, tainted, reconcile)
-                with self._lock:
-                    if self._latest is report:
-                        self._dirty = False
-                self._applied_taint = want
+            # The local loop resubmits an unchanged report every resync: that costs nothing
+            # here. A change, or the periodic reconcile, reads and writes the Node.
+            key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
+                   want)
+            if reconcile or key != self._applied or tainted != before:
+                self._sync_node(report, tainted)
+                self._applied = key
                 if reconcile:
                     self._next_reconcile = now + self.cfg.reconcile_interval
         if now >= self._next_lease:
@@ -175,7 +174,7 @@ class Publisher(threading.Thread):
             for f in findings
         ]
 
-    def _sync_node(self, report: Report, tainted: bool, reconcile: bool) -> None:
+    def _sync_node(self, report: Report, tainted: bool) -> None:
         writer = self.writer
         assert writer is not None
         node = writer.read_node()
@@ -195,13 +194,12 @@ class Publisher(threading.Thread):
                              f"{f.type}={f.status} ({f.reason}): {f.message}", not f.ok)
                 self._published[f.type] = (f.status, f.reason)
         value = taint_value(self.gate.reason) if tainted else None
-        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason)
+        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node)
         for change in changes:
             writer.event(uid, "FabricTaint", f"{change} ({self.gate.reason})", tainted)
             log.info("node %s: %s", writer.node, change)
         self.state.tainted = tainted
         self.state.taint_reason = self.gate.reason
-        del reconcile
 
     def status(self) -> dict[str, Any]:
         counters = self.writer.counters if self.writer else None
