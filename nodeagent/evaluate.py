@@ -154,6 +154,7 @@ class Evaluator:
             if cfg.rails
             else (GidTable(source="none"))
         )
+        errors.extend(self.gid_table.errors)
         verdict = gid_finding(cfg, self.gid_table, self.pins)
         if verdict.learned:
             self.pins.update(verdict.learned)
