@@ -31,6 +31,7 @@ from pyroute2.netlink.rtnl import (
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
 from nodeagent.evaluate import Evaluator, Report
+from nodeagent.lustre import LustreMonitor
 from nodeagent.probes.netlink import link_from_msg
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
@@ -106,6 +107,8 @@ class Agent:
         self._ipr: Any = None
         self.last_report: Report | None = None
         self.publisher: Publisher | None = None
+        self.lustre_monitor: LustreMonitor | None = None
+        self.evaluator: Evaluator  # made in run(), once the netlink socket is open
         self._configure(cfg)
 
     # ------------------------------------------------------------ configuration
@@ -128,7 +131,11 @@ class Agent:
         self.by_table = {r.table: r.name for r in cfg.rails if r.table is not None}
         self.by_ip = {r.ip: r.name for r in cfg.rails}
         if self._ipr is not None:
+            lustre = self.evaluator.lustre
             self.evaluator = Evaluator(cfg, self._ipr)
+            self.evaluator.lustre = lustre
+        if self.lustre_monitor is not None:
+            self.lustre_monitor.cfg = cfg
 
     def reload(self) -> None:
         try:
@@ -265,6 +272,16 @@ class Agent:
         )
         self.publisher.start()
 
+    def _start_lustre(self) -> None:
+        if not self.cfg.lustre:
+            return
+
+        def deliver(obs: Any, done: list[str]) -> None:
+            self.work.put(Work("lustre", (obs, done)))
+
+        self.lustre_monitor = LustreMonitor(self.cfg, deliver)
+        self.lustre_monitor.start()
+
     def run(self) -> int:
         self._start_publisher()
         monitor = NetlinkMonitor(self.work, self.cfg.netlink_rcvbuf)
@@ -273,6 +290,7 @@ class Agent:
         with IPRoute() as ipr:
             self._ipr = ipr
             self.evaluator = Evaluator(self.cfg, ipr)
+            self._start_lustre()  # after the evaluator exists: it delivers to it
             first = self.run_pass(None)
             log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
             next_resync = self.clock() + self.cfg.resync_interval
@@ -285,7 +303,7 @@ class Agent:
                     item = None
                 full = item is None and self.clock() >= next_resync
                 rails: set[str] = set()
-                status_only = False
+                status_only = judge_only = False
                 if item is None and not full:
                     rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
                 # Drain what else is queued: one pass serves a burst of events.
@@ -301,6 +319,11 @@ class Agent:
                         rails |= self.rails_for(item.msg)
                     elif item.kind == "status":
                         status_only = True
+                    elif item.kind == "lustre":
+                        self.evaluator.lustre, remounted = item.msg
+                        for line in remounted:
+                            log.info("repaired %s", line)
+                        judge_only = True
                     try:
                         item = self.work.get_nowait()
                     except queue.Empty:
@@ -312,6 +335,8 @@ class Agent:
                     next_resync = self.clock() + self.cfg.resync_interval
                 elif rails:
                     self.run_pass(rails)
+                elif judge_only:
+                    self.run_pass(set())  # new Lustre facts: judge again, probe no rail
                 elif status_only and self.last_report is not None:
                     self._publish(self.last_report)  # the Kubernetes side changed
             # SIGTERM: the current step is done; leave a status that says we stopped.
@@ -319,5 +344,7 @@ class Agent:
                 self._publish(self.last_report, state="stopped")
         if self.publisher is not None:
             self.publisher.stop()
+        if self.lustre_monitor is not None:
+            self.lustre_monitor.stop()
         log.info("stopped after %d passes", self.passes)
         return 0

@@ -84,6 +84,14 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
         # check and dry-run change nothing, not even the learned-pin state.
         evaluator = Evaluator(cfg, ipr, persist_pins=repair and not dry_run)
         repairs = evaluator.probe_and_repair(repair=repair, dry_run=dry_run)
+        if cfg.lustre:
+            from nodeagent.lustre import look_and_repair
+            from nodeagent.probes.lustre import BoundedRunner
+
+            evaluator.lustre, done, errors = look_and_repair(
+                cfg, BoundedRunner(), repair=repair and not dry_run)
+            repairs.other += done
+            repairs.errors += errors
         report = evaluator.judge(repairs)
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)

@@ -69,6 +69,7 @@ class _Strict(BaseModel):
 class Paths(_Strict):
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
+    lfs: str = "lfs"  # the Lustre `lfs` tool (name on PATH or a path); skipped when absent
 
 
 # Rail sysctls the agent knows how to enforce: name -> (procfs subtree, allowed values).
@@ -189,8 +190,19 @@ class DevicePlugin(_Strict):
 
 class LustreMount(_Strict):
     mountpoint: str
-    source: str
-    timeout: Duration = 5.0
+    source: str  # as mountinfo shows it: MGS NIDs and fsname, e.g. 10.0.0.1@o2ib:/scratch
+    timeout: Duration = 5.0  # statfs (in a child process) must answer within this
+    fstype: str = "lustre"
+    options: list[str] = Field(default_factory=list)  # required mount options, e.g. [flock]
+    remount_command: list[str] | None = None  # optional repair (argv), off by default
+    remount_timeout: Duration = 60.0
+
+    @field_validator("mountpoint")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path")
+        return v.rstrip("/") or "/"
 
 
 class Taint(_Strict):
@@ -225,6 +237,7 @@ class Config(_Strict):
     repair_guard: RepairGuard = RepairGuard()
     device_plugin: DevicePlugin | None = None
     lustre: list[LustreMount] | None = None
+    lustre_interval: Duration = 10.0  # how often the mounts are probed (off the main loop)
     kubernetes: Kubernetes | None = None
 
     @field_validator("rail_sysctls")

@@ -12,12 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.checks.fabric import device_plugin_finding, fabric_finding, lustre_finding
+from nodeagent.checks.fabric import device_plugin_finding, fabric_finding
 from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
 from nodeagent.config import Config, Rail
 from nodeagent.model import Drift, Finding, GidTable, RailObservation
 from nodeagent.probes.gid import read_gid_table
+from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.state import load_pins, save_pins
@@ -56,9 +58,10 @@ class Report:
 class Repairs:
     done: dict[str, list[Action]] = field(default_factory=dict)  # rail -> ran (or planned)
     errors: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)  # repairs outside the rails (remounts)
 
     def texts(self) -> list[str]:
-        return [a.text for acts in self.done.values() for a in acts]
+        return [a.text for acts in self.done.values() for a in acts] + self.other
 
 
 class Evaluator:
@@ -70,6 +73,7 @@ class Evaluator:
         self.observations: dict[str, RailObservation] = {}
         self.pins = load_pins(cfg)
         self.gid_table = GidTable(source="none")
+        self.lustre: LustreObservation | None = None  # set by whoever probes the mounts
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -163,7 +167,7 @@ class Evaluator:
                     save_pins(cfg, self.pins)
                 except OSError as exc:
                     errors.append(f"cannot save learned GID pins in {cfg.state_dir}: {exc}")
-        parts = [net, verdict.finding, device_plugin_finding(cfg), lustre_finding(cfg)]
+        parts = [net, verdict.finding, device_plugin_finding(cfg), lustre_finding(cfg, self.lustre)]
         findings = [*parts, fabric_finding(parts)]
         rails = []
         for rail in cfg.rails:

@@ -1,4 +1,4 @@
-"""The domains without their own checks yet, and FabricReady, the aggregate. Pure."""
+"""The device-plugin placeholder (issue 5) and FabricReady, the aggregate. Pure."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from nodeagent.config import Config
 from nodeagent.model import (
     FABRIC_READY,
-    LUSTRE_READY,
     RDMA_DEVICE_PLUGIN_READY,
     ConditionStatus,
     Finding,
@@ -32,17 +31,6 @@ def device_plugin_finding(cfg: Config) -> Finding:
         "Unknown",
         "CheckUnavailable",
         "device plugin checks are not available in this version",
-    )
-
-
-def lustre_finding(cfg: Config) -> Finding:
-    if not cfg.lustre:
-        return Finding(LUSTRE_READY, "True", "NotConfigured", "no lustre mounts configured")
-    return Finding(
-        LUSTRE_READY,
-        "Unknown",
-        "CheckUnavailable",
-        "Lustre checks are not available in this version",
     )
 
 

@@ -1,0 +1,66 @@
+"""Lustre, end to end for one look: probe -> (optional remount -> probe) -> observation.
+
+Used synchronously by `check`/`apply` and from the daemon's Lustre thread, so a hung mount
+never holds up the netlink loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from nodeagent.checks.lustre import mount_problems
+from nodeagent.config import Config
+from nodeagent.probes.lustre import BoundedRunner, LustreObservation, observe_lustre
+from nodeagent.remedies.lustre import remount
+
+log = logging.getLogger(__name__)
+
+
+def look(cfg: Config, runner: BoundedRunner) -> LustreObservation:
+    mounts = [(m.mountpoint, m.fstype, m.timeout) for m in cfg.lustre or []]
+    return observe_lustre(mounts, cfg.paths.sysfs, cfg.paths.procfs, cfg.paths.lfs, runner)
+
+
+def look_and_repair(
+    cfg: Config, runner: BoundedRunner, repair: bool
+) -> tuple[LustreObservation, list[str], list[str]]:
+    obs = look(cfg, runner)
+    if not repair:
+        return obs, [], []
+    first = {}
+    for m in cfg.lustre or []:
+        problems = mount_problems(m, obs)
+        if problems:
+            first[m.mountpoint] = problems[0][0]
+    done, errors = remount(cfg, obs, runner, first)
+    if done:
+        obs = look(cfg, runner)
+    return obs, done, errors
+
+
+class LustreMonitor(threading.Thread):
+    """Probes the mounts every `lustre_interval` and hands each observation over."""
+
+    def __init__(self, cfg: Config, deliver: Callable[[LustreObservation, list[str]], None]):
+        super().__init__(name="lustre-monitor", daemon=True)
+        self.cfg = cfg
+        self.deliver = deliver
+        self.runner = BoundedRunner()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                obs, done, errors = look_and_repair(self.cfg, self.runner, repair=True)
+            except Exception as exc:  # a probe bug must not end Lustre checking silently
+                log.error("lustre probe failed: %s", exc)
+            else:
+                for line in errors:
+                    log.error("%s", line)
+                self.deliver(obs, done)
+            self._halt.wait(self.cfg.lustre_interval)
+
+    def stop(self) -> None:
+        self._halt.set()

@@ -1,0 +1,208 @@
+"""Lustre client probes: mounts, client health, server reachability, responsiveness.
+
+A dead Lustre mount blocks statfs (and df, and `lfs`) for as long as it is dead, often in
+uninterruptible sleep. So nothing here touches a mount from the agent's own process:
+statfs and `lfs` run in child processes with a timeout, a child that does not finish is
+left running (it may be unkillable), and while it runs no second one is started for the
+same key. A dead mount therefore costs one stuck process, never a pile of them.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def unescape(field_text: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\ooo octal."""
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field_text)
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    mountpoint: str
+    fstype: str
+    source: str
+    options: frozenset[str]  # per-mount and superblock options, 'flock', 'rw', 'user_xattr'...
+
+
+def parse_mountinfo(text: str) -> tuple[list[MountEntry], list[str]]:
+    """Entries of /proc/<pid>/mountinfo, and one line per line it could not parse."""
+    entries: list[MountEntry] = []
+    errors: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        left, sep, right = line.partition(" - ")
+        parts, tail = left.split(), right.split()
+        if not sep or len(parts) < 6 or len(tail) < 2:
+            errors.append(f"mountinfo line {n}: unparsable {line[:80]!r}")
+            continue
+        opts = set(parts[5].split(","))
+        if len(tail) >= 3:
+            opts |= set(tail[2].split(","))
+        entries.append(MountEntry(mountpoint=unescape(parts[4]), fstype=tail[0],
+                                  source=unescape(tail[1]), options=frozenset(opts)))
+    return entries, errors
+
+
+def read_mountinfo(procfs_root: Path) -> tuple[list[MountEntry], list[str]]:
+    try:
+        text = (procfs_root / "self" / "mountinfo").read_text(errors="replace")
+    except OSError as exc:
+        return [], [f"cannot read {procfs_root}/self/mountinfo: {exc.strerror or exc}"]
+    return parse_mountinfo(text)
+
+
+@dataclass(frozen=True)
+class Health:
+    """The Lustre client's own verdict (health_check)."""
+
+    state: str  # "healthy" | "unhealthy" | "lbug" | "unreadable" | "absent"
+    detail: str = ""
+
+
+def parse_health(text: str) -> Health:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return Health("unreadable", "health_check is empty")
+    if any("LBUG" in ln for ln in lines):
+        return Health("lbug", "; ".join(lines)[:500])
+    if lines[0] == "healthy":
+        return Health("healthy")
+    if lines[0].startswith("NOT HEALTHY"):
+        devices = [ln for ln in lines[1:] if ln]
+        return Health("unhealthy", "; ".join(devices)[:500] or "NOT HEALTHY")
+    return Health("unreadable", f"unexpected health_check content {lines[0][:60]!r}")
+
+
+def read_health(sysfs_root: Path, procfs_root: Path) -> Health:
+    """health_check from sysfs (newer clients) or procfs (older ones), whichever exists."""
+    for path in (sysfs_root / "fs" / "lustre" / "health_check",
+                 procfs_root / "fs" / "lustre" / "health_check"):
+        try:
+            return parse_health(path.read_text(errors="replace"))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return Health("unreadable", f"{path}: {exc.strerror or exc}")
+    return Health("absent", "no fs/lustre/health_check (Lustre client not loaded?)")
+
+
+def parse_lfs_check(text: str) -> dict[str, str]:
+    """`lfs check servers` -> target -> status ('active' or the error text)."""
+    targets: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, status = line.partition(":")
+        name, status = name.strip(), status.strip().rstrip(".")
+        if sep and name and " " not in name:
+            targets[name] = status
+    return targets
+
+
+@dataclass
+class ProbeResult:
+    done: bool  # finished within the timeout
+    ok: bool  # finished and succeeded
+    seconds: float  # how long it took, or how long it has been running
+    output: str = ""
+    already_running: bool = False  # a previous probe is still stuck: none was started
+
+
+@dataclass
+class BoundedRunner:
+    """Runs probe commands in child processes, at most one outstanding per key."""
+
+    outstanding: dict[str, tuple[subprocess.Popen[str], float]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, key: str, argv: list[str], timeout: float) -> ProbeResult:
+        with self.lock:
+            stuck = self.outstanding.get(key)
+            if stuck is not None:
+                proc, started = stuck
+                if proc.poll() is None:
+                    return ProbeResult(False, False, time.monotonic() - started,
+                                       already_running=True)
+                del self.outstanding[key]  # it finished at last: probe afresh
+            started = time.monotonic()
+            try:
+                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, text=True,
+                                        start_new_session=True)
+            except OSError as exc:
+                return ProbeResult(True, False, 0.0, f"cannot run {argv[0]}: {exc}")
+            self.outstanding[key] = (proc, started)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Leave it: it may sit in uninterruptible sleep; the next probe waits for it.
+            return ProbeResult(False, False, time.monotonic() - started)
+        with self.lock:
+            self.outstanding.pop(key, None)
+        return ProbeResult(True, proc.returncode == 0, time.monotonic() - started, out or "")
+
+    def stuck(self) -> int:
+        with self.lock:
+            return sum(1 for p, _ in self.outstanding.values() if p.poll() is None)
+
+
+def statfs_argv(mountpoint: str) -> list[str]:
+    # coreutils `stat -f` does exactly one statfs(2); cheaper to start than a Python child.
+    return ["stat", "--file-system", "--format=%T", "--", mountpoint]
+
+
+@dataclass(frozen=True)
+class LustreObservation:
+    mounts: dict[str, MountEntry]  # by mountpoint (the last entry wins, as in the kernel)
+    mount_errors: tuple[str, ...]
+    health: Health
+    statfs: dict[str, ProbeResult]  # by configured mountpoint, only for mounts present
+    lfs: dict[str, str] | None  # target -> status; None when `lfs` is not there
+    lfs_error: str | None = None
+
+
+def observe_lustre(
+    mounts: list[tuple[str, str, float]],  # (mountpoint, fstype, timeout)
+    sysfs_root: Path,
+    procfs_root: Path,
+    lfs_path: str | None,
+    runner: BoundedRunner,
+) -> LustreObservation:
+    """One look at every configured mount; blocks at most the largest timeout."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    entries, errors = read_mountinfo(procfs_root)
+    by_point = {e.mountpoint: e for e in entries}
+    health = read_health(sysfs_root, procfs_root)
+    present = [(mp, t) for mp, fstype, t in mounts
+               if mp in by_point and by_point[mp].fstype == fstype]
+    lfs = shutil.which(lfs_path) if lfs_path else None
+    with ThreadPoolExecutor(max_workers=len(present) + 1) as pool:
+        statfs = {mp: pool.submit(runner.run, f"statfs:{mp}", statfs_argv(mp), t)
+                  for mp, t in present}
+        lfs_future = None
+        if lfs is not None and mounts:
+            lfs_timeout = max(t for _, _, t in mounts)
+            lfs_future = pool.submit(runner.run, "lfs", [lfs, "check", "servers"], lfs_timeout)
+        results = {mp: f.result() for mp, f in statfs.items()}
+        targets: dict[str, str] | None = None
+        lfs_error = None
+        if lfs_future is not None:
+            got = lfs_future.result()
+            if got.done:
+                targets = parse_lfs_check(got.output)
+                if not targets and not got.ok:
+                    lfs_error = f"lfs check servers failed: {got.output.strip()[:200]}"
+            else:
+                targets = {}
+                lfs_error = f"lfs check servers did not answer within {got.seconds:.1f}s"
+    return LustreObservation(mounts=by_point, mount_errors=tuple(errors), health=health,
+                             statfs=results, lfs=targets, lfs_error=lfs_error)
