@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 
 from nodeagent.checks.fabric import device_plugin_finding, fabric_finding
-from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.history import FlapTracker, RepairGuard
+from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
 from nodeagent.config import Config, parse_config
 from nodeagent.model import (
