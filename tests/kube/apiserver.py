@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+import json
 import os
 import shutil
 import signal
@@ -214,6 +215,18 @@ class ApiServer:
                 k8s_utils.create_from_dict(admin, doc)
 
 
-def node_body(name: str, taints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
-            "spec": {"taints": taints or []}}
+NODES = ["node-a", "node-b", "node-c"]
+
+
+def add_identities(server: ApiServer) -> None:
+    server.add_identity("admin", "admin", ["system:masters"])
+    for node in NODES:
+        server.add_identity(f"agent-{node}", f"nodeagent:node:{node}", [AGENT_GROUP])
+        server.add_identity(f"kubelet-{node}", f"system:node:{node}", ["system:nodes"])
+    server.add_identity("stranger", "someone", ["developers"])
+
+
+def node_json(core: k8s.CoreV1Api, name: str) -> dict[str, Any]:
+    resp = core.read_node(name, _preload_content=False)
+    data: dict[str, Any] = json.loads(resp.data)
+    return data

@@ -6,19 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import AGENT_GROUP, ApiServer, build_testenv
+from apiserver import ApiServer, add_identities, build_testenv
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-
-NODES = ["node-a", "node-b", "node-c"]
-
-
-def add_identities(server: ApiServer) -> None:
-    server.add_identity("admin", "admin", ["system:masters"])
-    for node in NODES:
-        server.add_identity(f"agent-{node}", f"nodeagent:node:{node}", [AGENT_GROUP])
-        server.add_identity(f"kubelet-{node}", f"system:node:{node}", ["system:nodes"])
-    server.add_identity("stranger", "someone", ["developers"])
 
 
 def wait_policy_enforced(server: ApiServer, timeout: float = 60.0) -> None:
@@ -86,14 +76,6 @@ def fresh_node(core: k8s.CoreV1Api) -> Callable[..., str]:
         return name
 
     return make
-
-
-def node_json(core: k8s.CoreV1Api, name: str) -> dict[str, Any]:
-    import json
-
-    resp = core.read_node(name, _preload_content=False)
-    data: dict[str, Any] = json.loads(resp.data)
-    return data
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from apiserver import ApiServer
-from conftest import node_json
+from apiserver import ApiServer, node_json
 from helpers import LoopbackBridge, Netns, read_status, stop_daemon, wait_for, write_config
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, our_taint

@@ -6,8 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from apiserver import ApiServer, build_testenv
-from conftest import add_identities, node_json
+from apiserver import ApiServer, add_identities, build_testenv, node_json
 from helpers import wait_for
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, kcfg, our_taint, report

@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from apiserver import ApiServer
-from conftest import node_json
+from apiserver import ApiServer, node_json
 from helpers import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import HungMount, stuck_probes
 from helpers import Netns, condition, read_status, stop_daemon, wait_for, write_config
+from hungmount import HungMount, stuck_probes
 
 from nodeagent.config import parse_config
 from nodeagent.lustre import look
