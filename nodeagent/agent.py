@@ -103,6 +103,7 @@ class Agent:
         self.clock = clock
         self.work: queue.SimpleQueue[Work] = queue.SimpleQueue()
         self.passes = 0
+        self.last_pass_seconds = 0.0
         self._stopping = False
         self._ipr: Any = None
         self.last_report: Report | None = None
@@ -146,6 +147,8 @@ class Agent:
             return
         log.info("config reloaded: %d rail(s)", len(cfg.rails))
         self._configure(cfg)
+        if self.lustre_monitor is None:
+            self._start_lustre()  # mounts configured for the first time
 
     # ------------------------------------------------------------ events
 
@@ -202,6 +205,7 @@ class Agent:
         return min(due) + 0.01 if due else None
 
     def run_pass(self, rails: set[str] | None) -> Report:
+        started = time.perf_counter()
         paused, _ = self.overrides()
         repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
         now = self.clock()
@@ -214,6 +218,7 @@ class Agent:
         _, overrides = self.overrides()  # the guard and flap verdicts after this pass
         report = self.evaluator.judge(repairs, overrides)
         self.passes += 1
+        self.last_pass_seconds = time.perf_counter() - started
         self.last_report = report
         if self.publisher is not None:
             self.publisher.submit(report)  # never waits for the API server
@@ -231,6 +236,7 @@ class Agent:
             "state": state,
             "passes": self.passes,
             "resync_interval": self.cfg.resync_interval,
+            "last_pass_seconds": round(self.last_pass_seconds, 6),
         }
         if self.publisher is not None:
             data["kubernetes"] = self.publisher.status()

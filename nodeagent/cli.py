@@ -13,7 +13,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from nodeagent.config import Config, ConfigError, default_config_path, load_config
+from nodeagent.config import (
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigError,
+    default_config_path,
+    load_config,
+)
 
 EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
 
@@ -32,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
             "--config",
             metavar="FILE",
             default=None,
-            help=f"config file (default ${'NODEAGENT_CONFIG'} or {default_config_path()})",
+            help=f"config file (default: $NODEAGENT_CONFIG, else {DEFAULT_CONFIG_PATH})",
         )
         if json_flag:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
