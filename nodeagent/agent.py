@@ -267,7 +267,8 @@ class Agent:
         kcfg = self.cfg.kubernetes
         if kcfg is None:
             return
-        from nodeagent.publish.kube import NodeWriter, api_client
+        from nodeagent.kubeapi import api_client
+        from nodeagent.publish.kube import NodeWriter
 
         node = self.cfg.resolved_node_name()
         self.publisher = Publisher(

@@ -1,21 +1,18 @@
 """Kubernetes writes for one Node: conditions, taint, cordon, Events, Lease.
 
-The only module that talks to the API server. Every call has a timeout; 409 conflicts on
-the taint/cordon read-modify-write are retried (tenacity: jittered exponential backoff,
-bounded). Bodies are plain dicts and responses are read as JSON, without the client's
-model classes: less memory, and what is sent is exactly what is written here.
+The only module that writes to the API server (requests go through nodeagent.kubeapi:
+plain JSON, a timeout on every call). 409 conflicts on the taint/cordon
+read-modify-write are retried (tenacity: jittered exponential backoff, bounded).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from tenacity import (
     retry,
@@ -25,45 +22,13 @@ from tenacity import (
 )
 
 from nodeagent.config import Kubernetes
+from nodeagent.kubeapi import Counters, call, is_conflict
 from nodeagent.publish.node import CORDON_ANNOTATION, cordon_patch, desired_taints
 
 log = logging.getLogger(__name__)
 
-TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang the writer
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
-
-
-def api_client(cfg: Kubernetes) -> k8s.ApiClient:
-    """An ApiClient from the configured kubeconfig, else in-cluster, else $KUBECONFIG."""
-    conf = k8s.Configuration()
-    if cfg.kubeconfig:
-        k8s_config.load_kube_config(config_file=cfg.kubeconfig, client_configuration=conf)
-    else:
-        try:
-            k8s_config.load_incluster_config(client_configuration=conf)
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config(client_configuration=conf)
-    conf.retries = False  # the publisher retries itself, with the newest state
-    return k8s.ApiClient(conf)
-
-
-def is_conflict(exc: BaseException) -> bool:
-    return isinstance(exc, ApiException) and exc.status == 409
-
-
-def _json(resp: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(resp.data or b"{}")
-    return data
-
-
-@dataclass
-class Counters:
-    requests: int = 0
-    writes: int = 0
-    conflicts: int = 0
-    errors: int = 0
-    events_dropped: int = 0
 
 
 @dataclass
@@ -83,26 +48,7 @@ class NodeWriter:
     def _call(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> dict[str, Any]:
-        """One request with a plain JSON body and response, exactly as written here (the
-        client's typed models would coerce and re-serialize bodies, e.g. drop the
-        microseconds a Lease's MicroTime must have)."""
-        self.counters.requests += 1
-        if method != "GET":
-            self.counters.writes += 1
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        _, url, headers, data, post = self.api.param_serialize(
-            method=method, resource_path=path, header_params=headers, body=body,
-            auth_settings=["BearerToken"])
-        resp = self.api.call_api(method, url, header_params=headers, body=data,
-                                 post_params=post, _request_timeout=TIMEOUT)
-        resp.read()
-        if not 200 <= resp.status < 300:
-            if resp.status == 409:
-                self.counters.conflicts += 1
-            raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
-        return _json(resp)
+        return call(self.api, self.counters, method, path, body, content_type)
 
     # ------------------------------------------------------------ reads
 

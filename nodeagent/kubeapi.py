@@ -1,0 +1,77 @@
+"""The one way nodeagent talks HTTP to the API server: plain JSON, a timeout on every call.
+
+Shared by the read-only probe (probes/kube.py) and the only writer (publish/kube.py). The
+kubernetes client's typed models are not used for bodies: they coerce and re-serialize
+(e.g. drop the microseconds a Lease's MicroTime must have), and cost memory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from nodeagent.config import Kubernetes
+
+TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
+
+
+def api_client(cfg: Kubernetes) -> k8s.ApiClient:
+    """An ApiClient from the configured kubeconfig, else in-cluster, else $KUBECONFIG."""
+    conf = k8s.Configuration()
+    if cfg.kubeconfig:
+        k8s_config.load_kube_config(config_file=cfg.kubeconfig, client_configuration=conf)
+    else:
+        try:
+            k8s_config.load_incluster_config(client_configuration=conf)
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(client_configuration=conf)
+    conf.retries = False  # callers retry themselves, with the newest state
+    return k8s.ApiClient(conf)
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    writes: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    events_dropped: int = 0
+
+
+def call(
+    api: k8s.ApiClient,
+    counters: Counters,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str = "application/json",
+    query: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """One request; raises ApiException (with the API's status body) unless 2xx."""
+    counters.requests += 1
+    if method != "GET":
+        counters.writes += 1
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    _, url, headers, data, post = api.param_serialize(
+        method=method, resource_path=path, query_params=query, header_params=headers,
+        body=body, auth_settings=["BearerToken"])
+    resp = api.call_api(method, url, header_params=headers, body=data, post_params=post,
+                        _request_timeout=TIMEOUT)
+    resp.read()
+    if not 200 <= resp.status < 300:
+        if resp.status == 409:
+            counters.conflicts += 1
+        raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+    result: dict[str, Any] = json.loads(resp.data or b"{}")
+    return result
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 409
