@@ -30,6 +30,7 @@ from pyroute2.netlink.rtnl import (
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
+from nodeagent.deviceplugin import DevicePluginMonitor
 from nodeagent.evaluate import Evaluator, Report
 from nodeagent.lustre import LustreMonitor
 from nodeagent.probes.netlink import link_from_msg
@@ -109,6 +110,7 @@ class Agent:
         self.last_report: Report | None = None
         self.publisher: Publisher | None = None
         self.lustre_monitor: LustreMonitor | None = None
+        self.plugin_monitor: DevicePluginMonitor | None = None
         self.evaluator: Evaluator  # made in run(), once the netlink socket is open
         self._configure(cfg)
 
@@ -132,9 +134,11 @@ class Agent:
         self.by_table = {r.table: r.name for r in cfg.rails if r.table is not None}
         self.by_ip = {r.ip: r.name for r in cfg.rails}
         if self._ipr is not None:
-            lustre = self.evaluator.lustre
+            previous = self.evaluator
             self.evaluator = Evaluator(cfg, self._ipr)
-            self.evaluator.lustre = lustre
+            self.evaluator.lustre = previous.lustre
+            self.evaluator.device_plugin = previous.device_plugin
+            self.evaluator.plugin_seen_ready = previous.plugin_seen_ready
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
 
@@ -274,7 +278,6 @@ class Agent:
         self.publisher = Publisher(
             kcfg,
             lambda: NodeWriter(api_client(kcfg), node, kcfg),
-            device_plugin=self.cfg.device_plugin,
             on_change=lambda: self.work.put(Work("status")),
         )
         self.publisher.start()
@@ -289,6 +292,28 @@ class Agent:
         self.lustre_monitor = LustreMonitor(self.cfg, deliver)
         self.lustre_monitor.start()
 
+    def _start_plugin_monitor(self) -> None:
+        kcfg, dp = self.cfg.kubernetes, self.cfg.device_plugin
+        if kcfg is None or dp is None:
+            return
+        from nodeagent.kubeapi import api_client
+        from nodeagent.probes.kube import KubeReader
+
+        node = self.cfg.resolved_node_name()
+        reader: list[KubeReader] = []
+
+        def read() -> Any:
+            if not reader:
+                reader.append(KubeReader(api_client(kcfg), node))
+            current = self.cfg.device_plugin
+            return reader[0].device_plugin(current if current is not None else dp)
+
+        def deliver(obs: Any, seen: frozenset[str]) -> None:
+            self.work.put(Work("deviceplugin", (obs, seen)))
+
+        self.plugin_monitor = DevicePluginMonitor(self.cfg, read, deliver)
+        self.plugin_monitor.start()
+
     def run(self) -> int:
         self._start_publisher()
         monitor = NetlinkMonitor(self.work, self.cfg.netlink_rcvbuf)
@@ -297,7 +322,8 @@ class Agent:
         with IPRoute() as ipr:
             self._ipr = ipr
             self.evaluator = Evaluator(self.cfg, ipr)
-            self._start_lustre()  # after the evaluator exists: it delivers to it
+            self._start_lustre()  # after the evaluator exists: they deliver to it
+            self._start_plugin_monitor()
             first = self.run_pass(None)
             log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
             next_resync = self.clock() + self.cfg.resync_interval
@@ -326,6 +352,11 @@ class Agent:
                         rails |= self.rails_for(item.msg)
                     elif item.kind == "status":
                         status_only = True
+                    elif item.kind == "deviceplugin":
+                        obs, seen = item.msg
+                        self.evaluator.device_plugin = obs
+                        self.evaluator.plugin_seen_ready = seen
+                        judge_only = True
                     elif item.kind == "lustre":
                         self.evaluator.lustre, remounted = item.msg
                         for line in remounted:
@@ -353,5 +384,7 @@ class Agent:
             self.publisher.stop()
         if self.lustre_monitor is not None:
             self.lustre_monitor.stop()
+        if self.plugin_monitor is not None:
+            self.plugin_monitor.stop()
         log.info("stopped after %d passes", self.passes)
         return 0

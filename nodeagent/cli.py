@@ -98,6 +98,19 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
                 cfg, BoundedRunner(), repair=repair and not dry_run)
             repairs.other += done
             repairs.errors += errors
+        if cfg.kubernetes is not None and cfg.device_plugin is not None:
+            from nodeagent.deviceplugin import load_seen_ready
+            from nodeagent.kubeapi import api_client
+            from nodeagent.probes.kube import KubeReader
+
+            try:
+                reader = KubeReader(api_client(cfg.kubernetes), cfg.resolved_node_name())
+                evaluator.device_plugin = reader.device_plugin(cfg.device_plugin)
+            except Exception as exc:  # a kubeconfig that cannot be loaded: Unknown, said
+                from nodeagent.model import DevicePluginObservation
+
+                evaluator.device_plugin = DevicePluginObservation(error=str(exc)[:300])
+            evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
         report = evaluator.judge(repairs)
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)

@@ -186,6 +186,7 @@ class DevicePlugin(_Strict):
     daemonset: str = "rdma-shared-dp-ds"
     resource: str = "rdma/rdma_shared_device_a"
     min_allocatable: int = Field(default=1, ge=0)
+    interval: Duration = 30.0  # how often its objects are read (off the main loop)
 
 
 class LustreMount(_Strict):

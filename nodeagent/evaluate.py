@@ -12,12 +12,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.checks.fabric import device_plugin_finding, fabric_finding
+from nodeagent.checks.deviceplugin import device_plugin_finding
+from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.gid import gid_finding
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
 from nodeagent.config import Config, Rail
-from nodeagent.model import Drift, Finding, GidTable, RailObservation
+from nodeagent.model import (
+    DevicePluginObservation,
+    Drift,
+    Finding,
+    GidTable,
+    RailObservation,
+)
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
@@ -74,6 +81,8 @@ class Evaluator:
         self.pins = load_pins(cfg)
         self.gid_table = GidTable(source="none")
         self.lustre: LustreObservation | None = None  # set by whoever probes the mounts
+        self.device_plugin: DevicePluginObservation | None = None  # likewise, the plugin
+        self.plugin_seen_ready: frozenset[str] = frozenset()  # pod UIDs once seen Ready
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -167,7 +176,8 @@ class Evaluator:
                     save_pins(cfg, self.pins)
                 except OSError as exc:
                     errors.append(f"cannot save learned GID pins in {cfg.state_dir}: {exc}")
-        parts = [net, verdict.finding, device_plugin_finding(cfg), lustre_finding(cfg, self.lustre)]
+        plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
+        parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
         findings = [*parts, fabric_finding(parts)]
         rails = []
         for rail in cfg.rails:

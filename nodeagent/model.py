@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -195,3 +195,16 @@ class Drift:
     message: str
     repairable: bool
     detail: str = ""
+
+
+# ---------------------------------------------------------------- Kubernetes objects
+
+
+@dataclass(frozen=True)
+class DevicePluginObservation:
+    """This node, the plugin DaemonSet and its pods on this node, as plain API JSON."""
+
+    node: dict[str, Any] | None = None
+    daemonset: dict[str, Any] | None = None
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None  # the API could not be read: every fact is Unknown

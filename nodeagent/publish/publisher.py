@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.checks.deviceplugin import toleration_problem
-from nodeagent.config import DevicePlugin, Kubernetes
+from nodeagent.config import Kubernetes
 from nodeagent.evaluate import Report
-from nodeagent.model import FABRIC_READY, RDMA_DEVICE_PLUGIN_READY, Finding
+from nodeagent.model import FABRIC_READY, Finding
 from nodeagent.publish.node import TaintGate, condition_updates, taint_value
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
@@ -36,7 +35,6 @@ class PublishState:
     last_error: str | None = None
     tainted: bool = True
     taint_reason: str = "AgentStarting"
-    toleration_problem: str | None = None
 
 
 class Publisher(threading.Thread):
@@ -45,12 +43,10 @@ class Publisher(threading.Thread):
         cfg: Kubernetes,
         writer_factory: Callable[[], NodeWriter],
         clock: Callable[[], float] = time.monotonic,
-        device_plugin: DevicePlugin | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="kube-publisher", daemon=True)
         self.cfg = cfg
-        self.device_plugin = device_plugin
         self._on_change = on_change  # the status file shows the Kubernetes side too
         self._factory = writer_factory
         self.writer: NodeWriter | None = None
@@ -135,8 +131,6 @@ class Publisher(threading.Thread):
                 tainted = self.gate.feed(now, _fabric(report))
                 want = (tainted, self.gate.reason)
             reconcile = now >= self._next_reconcile
-            if reconcile and self.device_plugin is not None:
-                self._check_toleration()
             # The local loop resubmits an unchanged report every resync: that costs nothing
             # here. A change, or the periodic reconcile, reads and writes the Node.
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
@@ -152,28 +146,6 @@ class Publisher(threading.Thread):
         self.state.synced = True
         self.state.last_error = None
 
-    def _check_toleration(self) -> None:
-        """A plugin that does not tolerate our taint deadlocks a tainted node: say so."""
-        writer, dp = self.writer, self.device_plugin
-        assert writer is not None and dp is not None
-        ds = writer.read_daemonset(dp.namespace, dp.daemonset)
-        problem = None if ds is None else toleration_problem(
-            ds, self.cfg.taint.key, self.cfg.taint.effect)
-        if problem and problem != self.state.toleration_problem:
-            writer.event(None, "PluginDoesNotTolerateFabricTaint", problem, True)
-            log.error("%s", problem)
-        self.state.toleration_problem = problem
-
-    def _with_toleration_problem(self, findings: list[Finding]) -> list[Finding]:
-        problem = self.state.toleration_problem
-        if not problem:
-            return findings
-        return [
-            Finding(f.type, f.status, f.reason, f"{f.message}; {problem}")
-            if f.type == RDMA_DEVICE_PLUGIN_READY else f
-            for f in findings
-        ]
-
     def _sync_node(self, report: Report, tainted: bool) -> None:
         writer = self.writer
         assert writer is not None
@@ -183,8 +155,7 @@ class Publisher(threading.Thread):
         if not self._published:  # a restart: what the Node already says is not news
             self._published = {c["type"]: (c.get("status", ""), c.get("reason", ""))
                                for c in existing if "type" in c}
-        updates = condition_updates(existing, self._with_toleration_problem(report.findings),
-                                    time.time())
+        updates = condition_updates(existing, report.findings, time.time())
         if updates:
             writer.patch_conditions(updates)
         for f in report.findings:
@@ -208,7 +179,6 @@ class Publisher(threading.Thread):
             "last_error": self.state.last_error,
             "tainted": self.state.tainted,
             "taint_reason": self.state.taint_reason,
-            "toleration_problem": self.state.toleration_problem,
             "requests": counters.requests if counters else 0,
             "writes": counters.writes if counters else 0,
             "conflicts": counters.conflicts if counters else 0,
@@ -217,8 +187,7 @@ class Publisher(threading.Thread):
 
 
 def _key(status: dict[str, Any]) -> tuple[Any, ...]:
-    return (status["synced"], status["last_error"], status["tainted"], status["taint_reason"],
-            status["toleration_problem"])
+    return (status["synced"], status["last_error"], status["tainted"], status["taint_reason"])
 
 
 def describe_error(exc: BaseException) -> str:

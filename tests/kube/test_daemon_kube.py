@@ -66,3 +66,32 @@ def test_daemon_publishes_taints_on_faults_and_survives_restarts(
     assert json.loads(json.dumps(status))["ok"] is True
     assert KEY not in [t["key"] for t in node_json(core, node)["spec"].get("taints") or []]
     bridge.close()
+
+
+def test_daemon_reads_the_device_plugin_off_the_loop(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path,
+) -> None:
+    node = fresh_node("node-c", [BOOT])
+    agent_config["node_name"] = node
+    agent_config["resync_interval"] = "1h"
+    agent_config["device_plugin"] = {"daemonset": "no-such-plugin", "interval": "0.5s"}
+    agent_config["kubernetes"] = {
+        "kubeconfig": str(apiserver.kubeconfig("agent-node-c", tmp_path / "kubeconfig")),
+        "clear_after": "1s"}
+    runtime = Path(agent_config["runtime_dir"])
+    rails_ns.ip("link", "set", "lo", "up")
+    bridge = LoopbackBridge(rails_ns.name, apiserver.port)
+    proc = rails_ns.start_daemon(write_config(tmp_path / "c.yaml", agent_config))
+
+    def plugin() -> str:
+        conds = (read_status(runtime) or {}).get("conditions") or []
+        return next((c["reason"] for c in conds if c["type"] == "RDMADevicePluginReady"), "")
+
+    wait_for(lambda: plugin() == "DaemonSetMissing", timeout=20, what="the plugin's verdict")
+    wait_for(lambda: (our_taint(core, node) or {}).get("value") == "DaemonSetMissing",
+             what="the node tainted with it")
+    assert rails_ns.addresses("r0") == ["10.10.0.5/24"]  # the rails were repaired meanwhile
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    bridge.close()

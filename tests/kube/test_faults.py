@@ -11,7 +11,11 @@ from helpers import wait_for
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, kcfg, our_taint, report
 
-from nodeagent.config import DevicePlugin
+from nodeagent.checks.deviceplugin import device_plugin_finding
+from nodeagent.checks.fabric import fabric_finding
+from nodeagent.config import parse_config
+from nodeagent.evaluate import Report
+from nodeagent.probes.kube import KubeReader
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 
@@ -61,6 +65,8 @@ def test_api_server_down_then_back_catches_up_with_the_newest_state(
 def test_plugin_that_does_not_tolerate_the_taint_is_reported(
     apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
 ) -> None:
+    """Tainting would keep such a plugin off the node forever: the condition says so, and
+    its transition is a Warning Event."""
     apps = k8s.AppsV1Api(apiserver.client("admin"))
     labels = {"app": "rdma-dp-intolerant"}
     apps.create_namespaced_daemon_set("kube-system", {  # type: ignore[arg-type]
@@ -69,14 +75,19 @@ def test_plugin_that_does_not_tolerate_the_taint_is_reported(
             "metadata": {"labels": labels},
             "spec": {"containers": [{"name": "dp", "image": "registry.example/rdma-dp:1"}]}}}})
     node = fresh_node("node-b", [BOOT])
+    cfg = parse_config({"node_name": node, "kubernetes": {},
+                        "device_plugin": {"daemonset": "rdma-dp-intolerant"}})
+    assert cfg.device_plugin is not None
+    obs = KubeReader(apiserver.client("agent-node-b"), node).device_plugin(cfg.device_plugin)
+    plugin = device_plugin_finding(cfg, obs)
+    assert plugin.reason == "PluginDoesNotTolerateFabricTaint"
+    findings = [plugin if f.type == plugin.type else f for f in report(node).findings]
+    findings[-1] = fabric_finding(findings[:-1])
     conf = kcfg()
-    dp = DevicePlugin(namespace="kube-system", daemonset="rdma-dp-intolerant")
-    pub = Publisher(conf, lambda: NodeWriter(apiserver.client("agent-node-b"), node, conf),
-                    device_plugin=dp)
+    pub = Publisher(conf, lambda: NodeWriter(apiserver.client("agent-node-b"), node, conf))
     pub.start()
     try:
-        pub.submit(report(node))
-        wait_for(lambda: pub.state.toleration_problem is not None, what="problem found")
+        pub.submit(Report(node=node, findings=findings))
 
         def message() -> str:
             conds = node_json(core, node).get("status", {}).get("conditions") or []
@@ -84,10 +95,15 @@ def test_plugin_that_does_not_tolerate_the_taint_is_reported(
                         "")
 
         wait_for(lambda: "does not tolerate the fabric taint" in message(), what="in condition")
-        events = core.list_namespaced_event("default",
-                                            field_selector=f"involvedObject.name={node}").items
-        assert any(e.reason == "PluginDoesNotTolerateFabricTaint" and e.type == "Warning"
-                   for e in events)
         assert KEY in message()
+        def warned() -> bool:
+            events = core.list_namespaced_event(
+                "default", field_selector=f"involvedObject.name={node}").items
+            return any(e.reason == "RDMADevicePluginReadyFailed" and e.type == "Warning"
+                       and "PluginDoesNotTolerateFabricTaint" in e.message for e in events)
+
+        wait_for(warned, what="a Warning Event")
+        wait_for(lambda: (our_taint(core, node) or {}).get("value")
+                 == "PluginDoesNotTolerateFabricTaint", what="the taint names the reason")
     finally:
         pub.stop()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from nodeagent.checks.fabric import device_plugin_finding, fabric_finding
+from nodeagent.checks.deviceplugin import device_plugin_finding
+from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
@@ -159,10 +160,10 @@ def test_fabric_aggregate() -> None:
 
 def test_unconfigured_domains_are_true_and_configured_ones_fail_closed() -> None:
     cfg = parse_config({})
-    assert device_plugin_finding(cfg).reason == "NotConfigured"
+    assert device_plugin_finding(cfg, None).reason == "NotConfigured"
     assert lustre_finding(cfg, None).status == "True"
     cfg = parse_config({"device_plugin": {}, "lustre": [{"mountpoint": "/l", "source": "s"}]})
-    assert device_plugin_finding(cfg).status == "Unknown"
+    assert device_plugin_finding(cfg, None).reason == "KubernetesNotConfigured"
     assert lustre_finding(cfg, None).reason == "NotYetChecked"
 
 

@@ -1,0 +1,67 @@
+"""The device-plugin thread: reads the plugin's Kubernetes objects every interval and hands
+each observation to the loop, remembering which plugin pods it has ever seen Ready (so
+"never Ready" survives a restart of the agent)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+from nodeagent.checks.deviceplugin import is_ready
+from nodeagent.config import Config
+from nodeagent.fsutil import write_json_atomic
+from nodeagent.model import DevicePluginObservation
+
+log = logging.getLogger(__name__)
+SEEN_FILE = "plugin-pods-seen-ready.json"
+MAX_REMEMBERED = 256
+
+
+def load_seen_ready(cfg: Config) -> list[str]:
+    try:
+        data = json.loads((cfg.state_dir / SEEN_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(u) for u in data] if isinstance(data, list) else []
+
+
+class DevicePluginMonitor(threading.Thread):
+    def __init__(
+        self,
+        cfg: Config,
+        read: Callable[[], DevicePluginObservation],
+        deliver: Callable[[DevicePluginObservation, frozenset[str]], None],
+    ) -> None:
+        super().__init__(name="device-plugin-monitor", daemon=True)
+        self.cfg = cfg
+        self.read = read
+        self.deliver = deliver
+        self._halt = threading.Event()
+        self.seen_ready = load_seen_ready(cfg)
+
+    def remember(self, obs: DevicePluginObservation) -> None:
+        new = [p["metadata"]["uid"] for p in obs.pods
+               if is_ready(p) and p.get("metadata", {}).get("uid") not in self.seen_ready]
+        if not new:
+            return
+        self.seen_ready = (self.seen_ready + new)[-MAX_REMEMBERED:]
+        try:
+            write_json_atomic(self.cfg.state_dir / SEEN_FILE, self.seen_ready)
+        except OSError as exc:
+            log.error("cannot save %s: %s", SEEN_FILE, exc)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                obs = self.read()
+            except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
+                obs = DevicePluginObservation(error=str(exc).splitlines()[0][:300])
+            self.remember(obs)
+            self.deliver(obs, frozenset(self.seen_ready))
+            interval = self.cfg.device_plugin.interval if self.cfg.device_plugin else 30.0
+            self._halt.wait(interval)
+
+    def stop(self) -> None:
+        self._halt.set()
