@@ -30,7 +30,7 @@ from pyroute2.netlink.rtnl import (
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
-from nodeagent.deviceplugin import DevicePluginMonitor
+from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
 from nodeagent.evaluate import Evaluator, Report
 from nodeagent.lustre import LustreMonitor
 from nodeagent.probes.netlink import link_from_msg
@@ -293,24 +293,13 @@ class Agent:
         self.lustre_monitor.start()
 
     def _start_plugin_monitor(self) -> None:
-        kcfg, dp = self.cfg.kubernetes, self.cfg.device_plugin
-        if kcfg is None or dp is None:
+        if self.cfg.kubernetes is None or self.cfg.device_plugin is None:
             return
-        from nodeagent.kubeapi import api_client
-        from nodeagent.probes.kube import KubeReader
-
-        node = self.cfg.resolved_node_name()
-        reader: list[KubeReader] = []
-
-        def read() -> Any:
-            if not reader:
-                reader.append(KubeReader(api_client(kcfg), node))
-            current = self.cfg.device_plugin
-            return reader[0].device_plugin(current if current is not None else dp)
 
         def deliver(obs: Any, seen: frozenset[str]) -> None:
             self.work.put(Work("deviceplugin", (obs, seen)))
 
+        read = plugin_reader(self.cfg)
         self.plugin_monitor = DevicePluginMonitor(self.cfg, read, deliver)
         self.plugin_monitor.start()
 

@@ -99,17 +99,9 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             repairs.other += done
             repairs.errors += errors
         if cfg.kubernetes is not None and cfg.device_plugin is not None:
-            from nodeagent.deviceplugin import load_seen_ready
-            from nodeagent.kubeapi import api_client
-            from nodeagent.probes.kube import KubeReader
+            from nodeagent.deviceplugin import load_seen_ready, plugin_reader
 
-            try:
-                reader = KubeReader(api_client(cfg.kubernetes), cfg.resolved_node_name())
-                evaluator.device_plugin = reader.device_plugin(cfg.device_plugin)
-            except Exception as exc:  # a kubeconfig that cannot be loaded: Unknown, said
-                from nodeagent.model import DevicePluginObservation
-
-                evaluator.device_plugin = DevicePluginObservation(error=str(exc)[:300])
+            evaluator.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
             evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
         report = evaluator.judge(repairs)
     data = report.as_dict()

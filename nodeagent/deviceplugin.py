@@ -8,15 +8,37 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from nodeagent.checks.deviceplugin import is_ready
-from nodeagent.config import Config
+from nodeagent.config import Config, DevicePlugin
 from nodeagent.fsutil import write_json_atomic
 from nodeagent.model import DevicePluginObservation
 
 log = logging.getLogger(__name__)
 SEEN_FILE = "plugin-pods-seen-ready.json"
 MAX_REMEMBERED = 256
+
+
+def plugin_reader(cfg: Config) -> Callable[[DevicePlugin], DevicePluginObservation]:
+    """Reads the plugin's objects with the agent's identity. The client is made on first
+    use; failing to make it, or to read, gives an Unknown observation, never an exception."""
+    readers: list[Any] = []
+
+    def read(dp: DevicePlugin) -> DevicePluginObservation:
+        try:
+            if not readers:
+                from nodeagent.kubeapi import api_client  # kubernetes only when configured
+                from nodeagent.probes.kube import KubeReader
+
+                assert cfg.kubernetes is not None
+                readers.append(KubeReader(api_client(cfg.kubernetes), cfg.resolved_node_name()))
+            obs: DevicePluginObservation = readers[0].device_plugin(dp)
+            return obs
+        except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
+            return DevicePluginObservation(error=(str(exc).splitlines() or ["?"])[0][:300])
+
+    return read
 
 
 def load_seen_ready(cfg: Config) -> list[str]:
@@ -31,7 +53,7 @@ class DevicePluginMonitor(threading.Thread):
     def __init__(
         self,
         cfg: Config,
-        read: Callable[[], DevicePluginObservation],
+        read: Callable[[DevicePlugin], DevicePluginObservation],
         deliver: Callable[[DevicePluginObservation, frozenset[str]], None],
     ) -> None:
         super().__init__(name="device-plugin-monitor", daemon=True)
@@ -54,14 +76,14 @@ class DevicePluginMonitor(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.is_set():
-            try:
-                obs = self.read()
-            except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
-                obs = DevicePluginObservation(error=str(exc).splitlines()[0][:300])
+            dp = self.cfg.device_plugin  # may change on reload
+            if dp is None:
+                self._halt.wait(30.0)
+                continue
+            obs = self.read(dp)
             self.remember(obs)
             self.deliver(obs, frozenset(self.seen_ready))
-            interval = self.cfg.device_plugin.interval if self.cfg.device_plugin else 30.0
-            self._halt.wait(interval)
+            self._halt.wait(dp.interval)
 
     def stop(self) -> None:
         self._halt.set()
