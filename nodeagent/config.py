@@ -181,12 +181,23 @@ class RepairGuard(_Strict):
     backoff: Duration = 300.0  # then stop fighting for this long: ManagedElsewhere
 
 
+class Registry(_Strict):
+    """How the plugin's image is looked up in its registry (OCI distribution API)."""
+
+    verify_platform: bool = True  # off: the image-platform fact is not checked at all
+    ca_bundle: Path | None = None  # PEM roots for registry TLS; None: the system's roots
+    docker_config: Path | None = None  # docker-config JSON with credentials (pull-secret form)
+    timeout: Duration = 10.0  # per registry lookup, all requests and redirects included
+    max_bytes: int = Field(default=4 << 20, ge=1024)  # larger replies are refused
+
+
 class DevicePlugin(_Strict):
     namespace: str = "kube-system"
     daemonset: str = "rdma-shared-dp-ds"
     resource: str = "rdma/rdma_shared_device_a"
     min_allocatable: int = Field(default=1, ge=0)
     interval: Duration = 30.0  # how often its objects are read (off the main loop)
+    registry: Registry = Registry()
 
 
 class LustreMount(_Strict):

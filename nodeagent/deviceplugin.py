@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from nodeagent.checks.deviceplugin import is_ready
-from nodeagent.config import Config, DevicePlugin
+from nodeagent.checks.deviceplugin import is_ready, plugin_images
+from nodeagent.config import Config, DevicePlugin, Registry
 from nodeagent.fsutil import write_json_atomic
-from nodeagent.model import DevicePluginObservation
+from nodeagent.model import DevicePluginObservation, ImagePlatforms
+from nodeagent.probes.registry import RegistryClient, RegistryError
 
 log = logging.getLogger(__name__)
 SEEN_FILE = "plugin-pods-seen-ready.json"
@@ -21,9 +24,11 @@ MAX_REMEMBERED = 256
 
 
 def plugin_reader(cfg: Config) -> Callable[[DevicePlugin], DevicePluginObservation]:
-    """Reads the plugin's objects with the agent's identity. The client is made on first
-    use; failing to make it, or to read, gives an Unknown observation, never an exception."""
+    """Reads the plugin's objects with the agent's identity, then asks the registry what its
+    images offer. Clients are made on first use; failing to make them, or to read, gives an
+    Unknown observation (or an Unknown image fact), never an exception."""
     readers: list[Any] = []
+    registries: dict[Registry, RegistryClient] = {}
 
     def read(dp: DevicePlugin) -> DevicePluginObservation:
         try:
@@ -34,11 +39,27 @@ def plugin_reader(cfg: Config) -> Callable[[DevicePlugin], DevicePluginObservati
                 assert cfg.kubernetes is not None
                 readers.append(KubeReader(api_client(cfg.kubernetes), cfg.resolved_node_name()))
             obs: DevicePluginObservation = readers[0].device_plugin(dp)
-            return obs
         except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
             return DevicePluginObservation(error=(str(exc).splitlines() or ["?"])[0][:300])
+        if obs.error or not dp.registry.verify_platform:
+            return obs
+        images = plugin_images(obs)
+        try:
+            if dp.registry not in registries:
+                registries.clear()
+                registries[dp.registry] = registry_client(dp.registry)
+            client = registries[dp.registry]
+            found = tuple(client.image_platforms(image) for image in images)
+        except RegistryError as exc:  # e.g. an unreadable docker config
+            found = tuple(ImagePlatforms(image=image, error=str(exc)) for image in images)
+        return replace(obs, images=found, machine=platform.machine())
 
     return read
+
+
+def registry_client(reg: Registry) -> RegistryClient:
+    return RegistryClient(ca_bundle=reg.ca_bundle, docker_config=reg.docker_config,
+                          timeout=reg.timeout, max_bytes=reg.max_bytes)
 
 
 def load_seen_ready(cfg: Config) -> list[str]:

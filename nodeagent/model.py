@@ -208,3 +208,39 @@ class DevicePluginObservation:
     daemonset: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None  # the API could not be read: every fact is Unknown
+    images: tuple[ImagePlatforms, ...] = ()  # what the registry says the plugin's images offer
+    machine: str = ""  # this host's uname machine (x86_64, aarch64): the platform variant
+
+
+@dataclass(frozen=True)
+class Platform:
+    """An OCI platform: os/architecture[/variant]."""
+
+    os: str
+    architecture: str
+    variant: str = ""
+
+    def __str__(self) -> str:
+        return "/".join(p for p in (self.os, self.architecture, self.variant) if p)
+
+    def runs(self, image: Platform) -> bool:
+        """Whether a node of this platform runs an image built for `image`.
+
+        arm64 images rarely name their variant: an empty variant there means v8.
+        """
+        if (self.os, self.architecture) != (image.os, image.architecture):
+            return False
+        if not self.variant or not image.variant:
+            return True
+        return self.variant == image.variant
+
+
+@dataclass(frozen=True)
+class ImagePlatforms:
+    """One container image as its registry describes it; `error` when it could not be read
+    (the platform fact is then Unknown, never a false alarm)."""
+
+    image: str  # the reference that was resolved
+    digest: str = ""
+    platforms: tuple[Platform, ...] = ()
+    error: str | None = None

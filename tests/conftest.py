@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import Netns, make_gid_tree, new_netns, roce_entries
+from registry_env import DOCKER_MANIFEST, Registry, start_registry
 
 
 @pytest.fixture
@@ -50,3 +51,23 @@ def agent_config(tmp_path: Path) -> dict[str, Any]:
         "runtime_dir": str(tmp_path / "run"),
         "rails": [dict(r) for r in RAILS],
     }
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """The real docker-registry (TLS, token auth) with the plugin's test images:
+    `rdma/dp:multi` (linux/amd64 + linux/arm64/v8), `rdma/dp:arm64` (one arm64 manifest),
+    `rdma/dp:amd64` (one amd64 Docker v2 manifest), `public/dp:1` (anonymous pull)."""
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    try:
+        reg.images = {
+            "multi": reg.push_index("rdma/dp", "multi", [("linux", "amd64", ""),
+                                                        ("linux", "arm64", "v8")]),
+            "arm64": reg.push_single("rdma/dp", "arm64", "linux", "arm64"),
+            "amd64": reg.push_single("rdma/dp", "amd64", "linux", "amd64",
+                                     media_type=DOCKER_MANIFEST),
+            "public": reg.push_single("public/dp", "1", "linux", "amd64"),
+        }
+        yield reg
+    finally:
+        reg.stop()

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +28,13 @@ def require_root_netns() -> None:
         raise RuntimeError("netns tests need root (they create network namespaces)")
     if shutil.which("ip") is None:
         raise RuntimeError("netns tests need iproute2's `ip` (apt-get install iproute2)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -2,7 +2,8 @@
 
 Facts, each its own reason: the plugin DaemonSet exists and tolerates the fabric taint; its
 pod on this node is Ready (and if not: never Ready, crash-looping, or the image cannot run
-on this platform); the node advertises the RDMA resource.
+on this platform); its image, as the registry describes it, offers this node's platform;
+the node advertises the RDMA resource.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from nodeagent.model import (
     ConditionStatus,
     DevicePluginObservation,
     Finding,
+    ImagePlatforms,
+    Platform,
 )
 
 # A pod whose Ready condition last changed this soon after it was created never was Ready:
@@ -64,6 +67,67 @@ def _quantity(value: Any) -> int:
         return int(str(value))
     except (TypeError, ValueError):
         return 0
+
+
+# uname machine -> OCI architecture and variant
+_MACHINES = {
+    "x86_64": ("amd64", ""), "amd64": ("amd64", ""),
+    "aarch64": ("arm64", "v8"), "arm64": ("arm64", "v8"),
+    "armv7l": ("arm", "v7"), "armv6l": ("arm", "v6"),
+    "ppc64le": ("ppc64le", ""), "s390x": ("s390x", ""), "riscv64": ("riscv64", ""),
+}
+
+
+def node_platform(node: Mapping[str, Any] | None, machine: str) -> Platform:
+    """The node's platform: os and architecture as the kubelet reports them
+    (`status.nodeInfo`), the variant from this machine (the kubelet does not report it)."""
+    info = (node or {}).get("status", {}).get("nodeInfo") or {}
+    local_arch, variant = _MACHINES.get(machine, (machine, ""))
+    arch = info.get("architecture") or local_arch
+    return Platform(info.get("operatingSystem") or "linux", arch,
+                    variant if arch == local_arch else "")
+
+
+def plugin_images(obs: DevicePluginObservation) -> list[str]:
+    """The images to look up: what the newest plugin pod here runs (the digest it ran, else
+    its spec image), else what the DaemonSet would run."""
+    if obs.pods:
+        pod = max(obs.pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
+        statuses = {cs.get("name"): cs for cs in pod.get("status", {}).get("containerStatuses")
+                    or []}
+        images = []
+        for c in pod.get("spec", {}).get("containers") or []:
+            image_id = str(statuses.get(c.get("name"), {}).get("imageID") or "")
+            # imageID is repo@digest on containerd and CRI-O; a bare config digest
+            # (sha256:...) names no repository, so the spec image it is.
+            ok = "@sha256:" in image_id
+            images.append(image_id if ok else str(c.get("image") or ""))
+        return [i for i in dict.fromkeys(images) if i]
+    spec = (obs.daemonset or {}).get("spec", {}).get("template", {}).get("spec", {})
+    return [i for i in dict.fromkeys(str(c.get("image") or "")
+                                     for c in spec.get("containers") or []) if i]
+
+
+def image_facts(images: Iterable[ImagePlatforms],
+                node: Platform) -> tuple[list[tuple[str, str]], list[str]]:
+    """(problems, notes): a mismatch is a problem; an image the registry could not describe
+    is only a note (the fact is Unknown, never a false alarm)."""
+    problems: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for img in images:
+        if img.error:
+            notes.append(f"image platform not verified ({img.image}): {img.error}")
+        elif not img.platforms:
+            notes.append(f"image platform not verified ({img.image}): the registry lists "
+                         "no platform")
+        elif not any(node.runs(p) for p in img.platforms):
+            offered = ", ".join(str(p) for p in img.platforms)
+            problems.append(("ImageArchMismatch",
+                             f"image {img.image} ({img.digest}) is built for {offered}; this "
+                             f"node is {node}: it cannot run here"))
+        else:
+            notes.append(f"image {node} verified ({img.digest[:19]})")
+    return problems, notes
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -141,6 +205,8 @@ def device_plugin_finding(
         found = pod_problem(newest, seen_ready)
         if found:
             problems.append(found)
+    image_problems, notes = image_facts(obs.images, node_platform(obs.node, obs.machine))
+    problems.extend(image_problems)
     node_status = (obs.node or {}).get("status", {})
     allocatable = _quantity((node_status.get("allocatable") or {}).get(dp.resource))
     capacity = _quantity((node_status.get("capacity") or {}).get(dp.resource))
@@ -152,6 +218,8 @@ def device_plugin_finding(
         status: ConditionStatus = "False"
         return Finding(RDMA_DEVICE_PLUGIN_READY, status, problems[0][0],
                        "; ".join(p[1] for p in problems))
+    if not dp.registry.verify_platform:
+        notes.append("image platform not checked (registry.verify_platform is off)")
     return Finding(RDMA_DEVICE_PLUGIN_READY, "True", "PluginReady",
                    f"{dp.namespace}/{dp.daemonset} Ready here, {dp.resource} allocatable "
-                   f"{allocatable} (image platform not verified: registry check not built yet)")
+                   f"{allocatable}; " + "; ".join(notes or ["no image to verify"]))

@@ -4,14 +4,11 @@ this project's deploy/ policies, and one client per identity."""
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import ipaddress
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import NameOID
+from helpers import free_port
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
+from pki import new_key, pem_key, write_serving_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTENV_SRC = ROOT / "tools" / "testenv"
@@ -57,48 +52,10 @@ def build_testenv() -> Path:
     return binary
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-
-def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
 def make_pki(d: Path) -> None:
     """A CA, a serving certificate for 127.0.0.1, and service-account keys."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key = _key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nodeagent-test-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    srv_key = _key()
-    srv = (x509.CertificateBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-           .issuer_name(ca_name).public_key(srv_key.public_key())
-           .serial_number(x509.random_serial_number())
-           .not_valid_before(now - datetime.timedelta(minutes=5))
-           .not_valid_after(now + datetime.timedelta(days=1))
-           .add_extension(x509.SubjectAlternativeName([
-               x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-               critical=False)
-           .sign(ca_key, hashes.SHA256()))
-    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (d / "server.crt").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
-    (d / "server.key").write_bytes(_pem_key(srv_key))
-    (d / "sa.key").write_bytes(_pem_key(_key()))
+    write_serving_pki(d, "kube-apiserver")
+    (d / "sa.key").write_bytes(pem_key(new_key()))
 
 
 @dataclass

@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from apiserver import ApiServer, node_json
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+from registry_env import Registry
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.config import Config, parse_config
+from nodeagent.deviceplugin import plugin_reader
 from nodeagent.model import Finding
 from nodeagent.probes.kube import KubeReader
 
@@ -73,14 +76,15 @@ def advertise(core: k8s.CoreV1Api, count: int) -> None:
                            _content_type=JSON_MERGE)
 
 
-def make_pod(plugin: dict[str, Any], status: dict[str, Any]) -> str:
+def make_pod(plugin: dict[str, Any], status: dict[str, Any],
+             image: str = "registry.example/rdma-dp:1.5") -> str:
     core: k8s.CoreV1Api = plugin["core"]
     pod = core.create_namespaced_pod(NS, {  # type: ignore[arg-type]
         "metadata": {"generateName": f"{DS}-", "labels": {"app": DS}, "ownerReferences": [
             {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": DS,
              "uid": plugin["ds_uid"], "controller": True}]},
         "spec": {"nodeName": "node-a", "automountServiceAccountToken": False,
-                 "containers": [{"name": "dp", "image": "registry.example/rdma-dp:1.5"}]}})
+                 "containers": [{"name": "dp", "image": image}]}})
     core.patch_namespaced_pod_status(pod.metadata.name, NS, {"status": status},
                                      _content_type=JSON_MERGE)
     return str(pod.metadata.name)
@@ -181,3 +185,110 @@ def test_unreadable_api_is_unknown_not_a_false_alarm(apiserver: ApiServer,
     assert (f.status, f.reason) == ("Unknown", "APIUnreachable")
     assert "HTTP 403" in f.message
     assert json.dumps(node_json(plugin["core"], "node-a"))  # the node itself is untouched
+
+
+# ---------------------------------------------------------------- fact 2: the image platform
+# The plugin's images live in the real docker-registry (TLS, token auth); the agent reads
+# the pod with its own identity and the registry with a pull secret, as on a host.
+
+
+def full_judge(apiserver: ApiServer, tmp_path: Path, registry_section: dict[str, Any]) -> Finding:
+    config = parse_config({
+        "node_name": "node-a",
+        "kubernetes": {"kubeconfig": str(apiserver.kubeconfig("agent-node-a",
+                                                              tmp_path / "kubeconfig"))},
+        "device_plugin": {"namespace": NS, "daemonset": DS, "resource": RESOURCE,
+                          "registry": registry_section}})
+    assert config.device_plugin is not None
+    return device_plugin_finding(config, plugin_reader(config)(config.device_plugin))
+
+
+def pull_secret(registry: Registry, tmp_path: Path) -> dict[str, Any]:
+    return {"ca_bundle": str(registry.ca),
+            "docker_config": str(registry.docker_config(tmp_path / "pull-secret.json"))}
+
+
+def amd64_node(core: k8s.CoreV1Api) -> None:
+    core.patch_node_status("node-a", {"status": {"nodeInfo": {
+        "operatingSystem": "linux", "architecture": "amd64"}}}, _content_type=JSON_MERGE)
+
+
+def runs(registry: Registry, name: str, is_ready: bool) -> tuple[dict[str, Any], str]:
+    """A pod status that ran image `name` of the fixture registry, and its spec image."""
+    image = f"{registry.host}/rdma/dp:{name}"
+    image_id = f"{registry.host}/rdma/dp@{registry.images[name]}"
+    status = {"phase": "Running", "conditions": ready(is_ready),
+              "containerStatuses": [{"name": "dp", "image": image, "imageID": image_id,
+                                     "ready": is_ready, "restartCount": 0 if is_ready else 9,
+                                     "state": {"running": {}} if is_ready else
+                                     {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+    return status, image
+
+
+def test_registry_says_the_image_cannot_run_here(apiserver: ApiServer, plugin: dict[str, Any],
+                                                 registry: Registry, tmp_path: Path) -> None:
+    """The incident: a mirror resolved to an arm64-only manifest on amd64 nodes. The exec
+    error message is not needed: the registry tells."""
+    amd64_node(plugin["core"])
+    make_pod(plugin, *runs(registry, "arm64", is_ready=False))
+    f = full_judge(apiserver, tmp_path, pull_secret(registry, tmp_path))
+    assert (f.status, f.reason) == ("False", "PluginNeverReady")
+    assert (f"image {registry.host}/rdma/dp@{registry.images['arm64']} "
+            f"({registry.images['arm64']}) is built for linux/arm64; this node is "
+            "linux/amd64: it cannot run here") in f.message
+
+
+def test_multi_arch_image_is_verified(apiserver: ApiServer, plugin: dict[str, Any],
+                                      registry: Registry, tmp_path: Path) -> None:
+    amd64_node(plugin["core"])
+    make_pod(plugin, *runs(registry, "multi", is_ready=True))
+    f = full_judge(apiserver, tmp_path, pull_secret(registry, tmp_path))
+    assert (f.status, f.reason) == ("True", "PluginReady")
+    assert f"image linux/amd64 verified ({registry.images['multi'][:19]})" in f.message
+
+
+def test_mismatch_alone_fails_the_condition(apiserver: ApiServer, plugin: dict[str, Any],
+                                            registry: Registry, tmp_path: Path) -> None:
+    """A Ready pod on the wrong platform (emulation, or a lying node) is still reported."""
+    amd64_node(plugin["core"])
+    make_pod(plugin, *runs(registry, "arm64", is_ready=True))
+    f = full_judge(apiserver, tmp_path, pull_secret(registry, tmp_path))
+    assert (f.status, f.reason) == ("False", "ImageArchMismatch")
+
+
+def test_without_a_pod_the_daemonset_image_is_checked(apiserver: ApiServer,
+                                                       plugin: dict[str, Any],
+                                                       registry: Registry,
+                                                       tmp_path: Path) -> None:
+    amd64_node(plugin["core"])
+    plugin["apps"].patch_namespaced_daemon_set(DS, NS, {"spec": {"template": {"spec": {
+        "containers": [{"name": "dp", "image": f"{registry.host}/rdma/dp:arm64"}]}}}},
+        _content_type="application/strategic-merge-patch+json")
+    f = full_judge(apiserver, tmp_path, pull_secret(registry, tmp_path))
+    assert f.reason == "PluginPodMissing"
+    assert "is built for linux/arm64; this node is linux/amd64" in f.message
+
+
+@pytest.mark.parametrize("broken", ["wrong password", "no CA", "registry down"])
+def test_registry_trouble_is_unknown_not_a_false_alarm(apiserver: ApiServer,
+                                                       plugin: dict[str, Any],
+                                                       registry: Registry, tmp_path: Path,
+                                                       broken: str) -> None:
+    amd64_node(plugin["core"])
+    status, image = runs(registry, "multi", is_ready=True)
+    section = pull_secret(registry, tmp_path)
+    if broken == "wrong password":
+        section["docker_config"] = str(registry.docker_config(tmp_path / "bad.json", "puller",
+                                                              password="wrong"))
+    elif broken == "no CA":
+        del section["ca_bundle"]
+    else:
+        from helpers import free_port
+
+        down = f"127.0.0.1:{free_port()}"
+        for cs in status["containerStatuses"]:
+            cs["imageID"] = cs["imageID"].replace(registry.host, down)
+    make_pod(plugin, status, image)
+    f = full_judge(apiserver, tmp_path, section)
+    assert (f.status, f.reason) == ("True", "PluginReady")
+    assert "image platform not verified" in f.message
