@@ -1,0 +1,117 @@
+"""Prometheus alerting rules for what the node itself cannot report: a fleet-wide view from
+kube-state-metrics series. The incident behind them: a device-plugin DaemonSet never Ready for
+271 days, with no alert. Generated from the agent's config (DaemonSet, resource, taint key,
+Lease namespace) so the rules watch exactly what the agents enforce; `deploy/alerts/` holds
+the output for the default config.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.config import Config, DevicePlugin, Kubernetes, parse_duration
+
+GROUP = "nodeagent-fabric"
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How long each state must last before its alert fires (Prometheus durations)."""
+
+    not_ready_for: str = "15m"  # DaemonSet ready < desired
+    never_ready_window: str = "1h"  # no pod Ready at any moment in this window ...
+    never_ready_for: str = "5m"  # ... and still so after this
+    taint_for: str = "30m"  # a node carrying the fabric taint
+    lease_stale_after: int = 120  # seconds since the agent's last heartbeat
+    lease_stale_for: str = "2m"
+    no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
+
+
+def ksm_label(name: str) -> str:
+    """A resource name as kube-state-metrics writes it in a label value (rdma/x -> rdma_x)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def _alert(name: str, expr: str, duration: str, severity: str, summary: str,
+           description: str) -> dict[str, Any]:
+    return {"alert": name, "expr": expr, "for": duration, "labels": {"severity": severity},
+            "annotations": {"summary": summary, "description": description}}
+
+
+def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
+    dp = cfg.device_plugin or DevicePlugin()
+    kube = cfg.kubernetes or Kubernetes()
+    ds = f'namespace="{dp.namespace}", daemonset="{dp.daemonset}"'
+    on = "on (namespace, daemonset)"
+    rules = [
+        _alert(
+            "RDMADevicePluginNotReady",
+            f"kube_daemonset_status_number_ready{{{ds}}}\n"
+            f"  < {on} kube_daemonset_status_desired_number_scheduled{{{ds}}}",
+            w.not_ready_for, "warning",
+            "RDMA device plugin {{ $labels.namespace }}/{{ $labels.daemonset }} is not Ready "
+            "on every node",
+            "{{ $value }} pods Ready, fewer than desired, for " + w.not_ready_for + ". Nodes "
+            "without it do not advertise the fabric; jobs fall back to TCP.",
+        ),
+        _alert(
+            "RDMADevicePluginNeverReady",
+            f"kube_daemonset_status_desired_number_scheduled{{{ds}}} > 0\n"
+            f"and {on} max_over_time(kube_daemonset_status_number_ready{{{ds}}}"
+            f"[{w.never_ready_window}]) == 0\n"
+            f"and {on} kube_daemonset_status_observed_generation{{{ds}}}\n"
+            f"  == {on} kube_daemonset_metadata_generation{{{ds}}}\n"
+            # Older than the window, or a fresh DaemonSet would count as never Ready.
+            f"and {on} time() - kube_daemonset_created{{{ds}}} > "
+            f"{int(parse_duration(w.never_ready_window))}",
+            w.never_ready_for, "critical",
+            "RDMA device plugin {{ $labels.namespace }}/{{ $labels.daemonset }} has not been "
+            "Ready anywhere since it rolled out",
+            "Not one pod Ready at any moment in the last " + w.never_ready_window + " although "
+            "the rollout is observed: the plugin never worked (wrong image platform? "
+            "crash loop?). Restart counts and pod age cannot tell this from a recent break.",
+        ),
+        _alert(
+            "FabricTaintStuck",
+            f'kube_node_spec_taint{{key="{kube.taint.key}"}} == 1',
+            w.taint_for, "warning",
+            "Node {{ $labels.node }} has carried the fabric taint for " + w.taint_for,
+            "nodeagent keeps the taint while a fabric condition fails: `kubectl describe "
+            "node {{ $labels.node }}` shows which, with its reason.",
+        ),
+        _alert(
+            "NodeAgentLeaseStale",
+            f'time() - kube_lease_renew_time{{namespace="{kube.lease_namespace}", '
+            f'lease=~"nodeagent-.+"}} > {w.lease_stale_after}',
+            w.lease_stale_for, "warning",
+            "nodeagent heartbeat {{ $labels.lease }} is stale",
+            "The agent's Lease has not been renewed for more than "
+            f"{w.lease_stale_after} s: its Node conditions may be out of date.",
+        ),
+        _alert(
+            "FabricNodeWithoutRDMAResource",
+            # A fabric node is one whose agent publishes FabricReady.
+            'max by (node) (kube_node_status_condition{condition="FabricReady"})\n'
+            f'unless on (node) kube_node_status_allocatable{{resource="{ksm_label(dp.resource)}"}}'
+            " > 0",
+            w.no_resource_for, "critical",
+            "Fabric node {{ $labels.node }} advertises no " + dp.resource,
+            "Zero or absent allocatable " + dp.resource + ": the device plugin is not "
+            "registered there, and jobs on this node cannot request the fabric.",
+        ),
+    ]
+    return [{"name": GROUP, "rules": rules}]
+
+
+def rules_file(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"groups": groups}
+
+
+def prometheus_rule(groups: list[dict[str, Any]], namespace: str) -> dict[str, Any]:
+    """The same groups as a prometheus-operator PrometheusRule."""
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": "nodeagent", "namespace": namespace,
+                         "labels": {"app.kubernetes.io/name": "nodeagent"}},
+            "spec": {"groups": groups}}
