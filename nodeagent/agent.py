@@ -141,6 +141,9 @@ class Agent:
             self.evaluator.plugin_seen_ready = previous.plugin_seen_ready
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
+        if self.plugin_monitor is not None:
+            self.plugin_monitor.cfg = cfg
+            self.plugin_monitor.wake()  # new settings take effect now, not next interval
 
     def reload(self) -> None:
         try:
@@ -153,6 +156,8 @@ class Agent:
         self._configure(cfg)
         if self.lustre_monitor is None:
             self._start_lustre()  # mounts configured for the first time
+        if self.plugin_monitor is None:
+            self._start_plugin_monitor()  # likewise the device plugin
 
     # ------------------------------------------------------------ events
 
@@ -299,8 +304,9 @@ class Agent:
         def deliver(obs: Any, seen: frozenset[str]) -> None:
             self.work.put(Work("deviceplugin", (obs, seen)))
 
-        read = plugin_reader(self.cfg)
-        self.plugin_monitor = DevicePluginMonitor(self.cfg, read, deliver)
+        cfg = self.cfg
+        self.plugin_monitor = DevicePluginMonitor(
+            cfg, lambda wake: plugin_reader(cfg, on_change=wake), deliver)
         self.plugin_monitor.start()
 
     def run(self) -> int:

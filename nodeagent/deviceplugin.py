@@ -23,22 +23,35 @@ SEEN_FILE = "plugin-pods-seen-ready.json"
 MAX_REMEMBERED = 256
 
 
-def plugin_reader(cfg: Config) -> Callable[[DevicePlugin], DevicePluginObservation]:
+def plugin_reader(
+    cfg: Config, on_change: Callable[[], None] | None = None,
+) -> Callable[[DevicePlugin], DevicePluginObservation]:
     """Reads the plugin's objects with the agent's identity, then asks the registry what its
-    images offer. Clients are made on first use; failing to make them, or to read, gives an
-    Unknown observation (or an Unknown image fact), never an exception."""
-    readers: list[Any] = []
+    images offer. With `on_change` (the daemon) the objects are watched and `on_change` is
+    called when they change; without it (the CLI) each call reads them once. Clients are
+    made on first use; failing to make them, or to read, gives an Unknown observation (or
+    an Unknown image fact), never an exception."""
+    readers: dict[DevicePlugin, Any] = {}
     registries: dict[Registry, RegistryClient] = {}
+
+    def reader(dp: DevicePlugin) -> Any:
+        if dp not in readers:
+            from nodeagent.kubeapi import api_client  # kubernetes only when configured
+            from nodeagent.probes.kube import KubeReader, WatchingReader
+
+            for old in readers.values():
+                if isinstance(old, WatchingReader):
+                    old.stop()
+            readers.clear()
+            assert cfg.kubernetes is not None
+            api, node = api_client(cfg.kubernetes), cfg.resolved_node_name()
+            readers[dp] = (KubeReader(api, node) if on_change is None
+                           else WatchingReader(api, node, dp, on_change))
+        return readers[dp]
 
     def read(dp: DevicePlugin) -> DevicePluginObservation:
         try:
-            if not readers:
-                from nodeagent.kubeapi import api_client  # kubernetes only when configured
-                from nodeagent.probes.kube import KubeReader
-
-                assert cfg.kubernetes is not None
-                readers.append(KubeReader(api_client(cfg.kubernetes), cfg.resolved_node_name()))
-            obs: DevicePluginObservation = readers[0].device_plugin(dp)
+            obs: DevicePluginObservation = reader(dp).device_plugin(dp)
         except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
             return DevicePluginObservation(error=(str(exc).splitlines() or ["?"])[0][:300])
         if obs.error or not dp.registry.verify_platform:
@@ -71,15 +84,22 @@ def load_seen_ready(cfg: Config) -> list[str]:
 
 
 class DevicePluginMonitor(threading.Thread):
+    """Delivers an observation when the watched objects change (coalesced) and at least
+    every `interval` (the registry lookups, cached per digest, run then too)."""
+
+    COALESCE = 0.2  # a burst of watch events (a pod starting) makes one observation
+
     def __init__(
         self,
         cfg: Config,
-        read: Callable[[DevicePlugin], DevicePluginObservation],
+        make_reader: Callable[[Callable[[], None]], Callable[[DevicePlugin],
+                                                             DevicePluginObservation]],
         deliver: Callable[[DevicePluginObservation, frozenset[str]], None],
     ) -> None:
         super().__init__(name="device-plugin-monitor", daemon=True)
         self.cfg = cfg
-        self.read = read
+        self._wake = threading.Event()
+        self.read = make_reader(self._wake.set)
         self.deliver = deliver
         self._halt = threading.Event()
         self.seen_ready = load_seen_ready(cfg)
@@ -101,10 +121,16 @@ class DevicePluginMonitor(threading.Thread):
             if dp is None:
                 self._halt.wait(30.0)
                 continue
+            self._wake.clear()
             obs = self.read(dp)
             self.remember(obs)
             self.deliver(obs, frozenset(self.seen_ready))
-            self._halt.wait(dp.interval)
+            if self._wake.wait(dp.interval):
+                self._halt.wait(self.COALESCE)
+
+    def wake(self) -> None:
+        self._wake.set()
 
     def stop(self) -> None:
         self._halt.set()
+        self._wake.set()

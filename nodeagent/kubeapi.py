@@ -7,7 +7,10 @@ kubernetes client's typed models are not used for bodies: they coerce and re-ser
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,3 +78,53 @@ def call(
 
 def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
+
+
+def watch(
+    api: k8s.ApiClient,
+    counters: Counters,
+    path: str,
+    query: list[tuple[str, str]],
+    timeout: float,
+) -> WatchStream:
+    """Starts one watch request (raises ApiException unless 200). Its events end when the
+    server closes the watch (its timeoutSeconds); a read stalled past `timeout` raises a
+    urllib3 error."""
+    counters.requests += 1
+    _, url, headers, _, _ = api.param_serialize(
+        method="GET", resource_path=path, query_params=[*query, ("watch", "1")],
+        header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
+    resp = api.call_api("GET", url, header_params=headers, _request_timeout=(3.0, timeout))
+    if resp.status != 200:
+        resp.read()
+        raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+    return WatchStream(resp.response)
+
+
+class WatchStream:
+    """The events of one watch, as they arrive. close() from another thread ends it."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        pending = b""
+        try:
+            for chunk in self.raw.stream(64 << 10):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        event: dict[str, Any] = json.loads(line)
+                        yield event
+        finally:
+            # Never back to the pool half-read: the next watch opens a connection of its own.
+            self.raw.close()
+
+    def close(self) -> None:
+        """Ends the watch from another thread. Shut the socket down rather than close the
+        response: close() waits for the lock the reading thread holds until data comes."""
+        sock = getattr(self.raw.connection, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -7,6 +7,7 @@ status (through the status subresources) are written by the test, as a kubelet w
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 from apiserver import ApiServer, node_json
+from helpers import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from registry_env import Registry
@@ -22,7 +24,7 @@ from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.config import Config, parse_config
 from nodeagent.deviceplugin import plugin_reader
 from nodeagent.model import Finding
-from nodeagent.probes.kube import KubeReader
+from nodeagent.probes.kube import KubeReader, WatchingReader
 
 NS, DS, RESOURCE = "kube-system", "rdma-shared-dp-ds", "rdma/rdma_shared_device_a"
 TOLERATE = [{"key": "nodeagent.io/fabric-unready", "operator": "Exists",
@@ -292,3 +294,65 @@ def test_registry_trouble_is_unknown_not_a_false_alarm(apiserver: ApiServer,
     f = full_judge(apiserver, tmp_path, section)
     assert (f.status, f.reason) == ("True", "PluginReady")
     assert "image platform not verified" in f.message
+
+
+# ---------------------------------------------------------------- the daemon's watching reader
+
+
+def test_watching_reader_costs_no_request_in_steady_state(apiserver: ApiServer,
+                                                          plugin: dict[str, Any]) -> None:
+    changed = threading.Event()
+    dp = cfg().device_plugin
+    assert dp is not None
+    reader = WatchingReader(apiserver.client("agent-node-a"), "node-a", dp, changed.set)
+    try:
+        name = make_pod(plugin, {"phase": "Running", "conditions": ready(False)})
+        first = reader.device_plugin(dp)
+        wait_for(lambda: len(reader.device_plugin(dp).pods) == 1, what="the pod in the cache")
+        assert first.error is None and first.daemonset is not None and first.node is not None
+        # Three lists, then three watches that stay open.
+        wait_for(lambda: reader.counters.requests == 6, what="three lists and three watches")
+        for _ in range(50):
+            reader.device_plugin(dp)
+        assert reader.counters.requests == 6, "an observation from the cache is free"
+        # A change arrives through the watch, and says so.
+        changed.clear()
+        plugin["core"].patch_namespaced_pod_status(
+            name, NS, {"status": {"conditions": ready(True)}}, _content_type=JSON_MERGE)
+        assert changed.wait(10), "on_change after the pod's status changed"
+        wait_for(lambda: device_plugin_finding(cfg(), reader.device_plugin(dp)).status
+                 == "True", what="Ready seen through the watch")
+        advertise(plugin["core"], 0)
+        wait_for(lambda: device_plugin_finding(cfg(), reader.device_plugin(dp)).reason
+                 == "ResourceNotAdvertised", what="the node's change seen through the watch")
+        assert reader.counters.requests == 6, "changes cost no request either"
+    finally:
+        reader.stop()
+
+
+def test_watching_reader_follows_deletes(apiserver: ApiServer, plugin: dict[str, Any]) -> None:
+    dp = cfg().device_plugin
+    assert dp is not None
+    reader = WatchingReader(apiserver.client("agent-node-a"), "node-a", dp, lambda: None)
+    try:
+        name = make_pod(plugin, {"phase": "Running", "conditions": ready(True)})
+        wait_for(lambda: len(reader.device_plugin(dp).pods) == 1, what="the pod")
+        plugin["core"].delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        wait_for(lambda: device_plugin_finding(cfg(), reader.device_plugin(dp)).reason
+                 == "PluginPodMissing", what="the pod's deletion")
+        plugin["apps"].delete_namespaced_daemon_set(DS, NS)
+        wait_for(lambda: reader.device_plugin(dp).daemonset is None, what="the DaemonSet gone")
+    finally:
+        reader.stop()
+
+
+def test_watching_reader_without_permission_is_unknown(apiserver: ApiServer,
+                                                       plugin: dict[str, Any]) -> None:
+    dp = cfg().device_plugin
+    assert dp is not None
+    reader = WatchingReader(apiserver.client("stranger"), "node-a", dp, lambda: None)
+    try:
+        f = device_plugin_finding(cfg(), reader.device_plugin(dp))
+        assert (f.status, f.reason) == ("Unknown", "APIUnreachable") and "HTTP 403" in f.message
+    finally:
+        reader.stop()

@@ -15,7 +15,7 @@ from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.config import parse_config
 from nodeagent.evaluate import Report
-from nodeagent.probes.kube import KubeReader
+from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 
@@ -107,3 +107,30 @@ def test_plugin_that_does_not_tolerate_the_taint_is_reported(
                  == "PluginDoesNotTolerateFabricTaint", what="the taint names the reason")
     finally:
         pub.stop()
+
+
+def test_watching_reader_across_an_api_server_restart(own_apiserver: ApiServer) -> None:
+    """Down: the plugin's facts become Unknown (not a false alarm). Back: the watches resume
+    (or list again) and the newest state is seen."""
+    core = k8s.CoreV1Api(own_apiserver.client("admin"))
+    core.create_node({"metadata": {"name": "node-a"}})  # type: ignore[arg-type]
+    cfg = parse_config({"node_name": "node-a", "kubernetes": {},
+                        "device_plugin": {"daemonset": "dp", "resource": "rdma/hca"}})
+    dp = cfg.device_plugin
+    assert dp is not None
+    reader = WatchingReader(own_apiserver.client("agent-node-a"), "node-a", dp, lambda: None)
+    try:
+        assert device_plugin_finding(cfg, reader.device_plugin(dp)).reason == "DaemonSetMissing"
+        own_apiserver.stop()
+        wait_for(lambda: device_plugin_finding(cfg, reader.device_plugin(dp)).reason
+                 == "APIUnreachable", timeout=30, what="Unknown while the API is down")
+        own_apiserver.start(build_testenv())
+        core.patch_node_status("node-a", {"status": {"capacity": {"rdma/hca": "2"},
+                                                     "allocatable": {"rdma/hca": "2"}}},
+                               _content_type="application/merge-patch+json")
+        wait_for(lambda: (reader.device_plugin(dp).node or {}).get("status", {})
+                 .get("allocatable", {}).get("rdma/hca") == "2", timeout=60,
+                 what="the node's newest state after the restart")
+        assert device_plugin_finding(cfg, reader.device_plugin(dp)).reason == "DaemonSetMissing"
+    finally:
+        reader.stop()
