@@ -21,13 +21,13 @@ from common import ROOT, summary
 
 sys.path.insert(0, str(ROOT / "tests" / "kube"))
 
-from apiserver import ApiServer, add_identities, build_testenv  # noqa: E402
-from kubernetes import client as k8s  # noqa: E402
-from registry_env import start_registry  # noqa: E402
+from apiserver import ApiServer, add_identities, build_testenv
+from kubernetes import client as k8s
+from registry_env import start_registry
 
-from nodeagent.config import DevicePlugin  # noqa: E402
-from nodeagent.probes.kube import KubeReader, WatchingReader  # noqa: E402
-from nodeagent.probes.registry import RegistryClient  # noqa: E402
+from nodeagent.config import DevicePlugin
+from nodeagent.probes.kube import KubeReader, WatchingReader
+from nodeagent.probes.registry import RegistryClient
 
 
 def bench_registry(n: int) -> None:
