@@ -139,6 +139,8 @@ class Agent:
             self.evaluator.lustre = previous.lustre
             self.evaluator.device_plugin = previous.device_plugin
             self.evaluator.plugin_seen_ready = previous.plugin_seen_ready
+            self.evaluator.traffic = previous.traffic  # byte-counter history survives too
+            self.evaluator.clock = self.clock
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
         if self.plugin_monitor is not None:
@@ -317,6 +319,7 @@ class Agent:
         with IPRoute() as ipr:
             self._ipr = ipr
             self.evaluator = Evaluator(self.cfg, ipr)
+            self.evaluator.clock = self.clock
             self._start_lustre()  # after the evaluator exists: they deliver to it
             self._start_plugin_monitor()
             first = self.run_pass(None)

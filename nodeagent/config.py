@@ -200,6 +200,18 @@ class DevicePlugin(_Strict):
     registry: Registry = Registry()
 
 
+class FabricTraffic(_Strict):
+    """FabricTrafficOnRDMA: kernel-stack bytes growing while RDMA counters stay flat."""
+
+    expect: Literal["pods", "always", "never"] = "pods"  # pods: while pods here request
+    #   the device plugin's resource or one of `pod_resources`
+    pod_resources: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu"])
+    window: Duration = 120.0
+    min_kernel_bytes: int = Field(default=100 << 20, ge=0)  # more than this via the kernel ...
+    flat_rdma_bytes: int = Field(default=0, ge=0)  # ... while RDMA moved at most this
+    gate: bool = False  # true: part of FabricReady (a failure taints the node)
+
+
 class LustreMount(_Strict):
     mountpoint: str
     source: str  # as mountinfo shows it: MGS NIDs and fsname, e.g. 10.0.0.1@o2ib:/scratch
@@ -248,6 +260,7 @@ class Config(_Strict):
     link_flap: LinkFlap = LinkFlap()
     repair_guard: RepairGuard = RepairGuard()
     device_plugin: DevicePlugin | None = None
+    fabric_traffic: FabricTraffic | None = None
     lustre: list[LustreMount] | None = None
     lustre_interval: Duration = 10.0  # how often the mounts are probed (off the main loop)
     kubernetes: Kubernetes | None = None

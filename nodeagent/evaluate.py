@@ -8,23 +8,28 @@ just the rail an event touched and still report on all of them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
-from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.gid import gid_finding, rail_entries
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
+from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
 from nodeagent.config import Config, Rail
 from nodeagent.model import (
+    FABRIC_READY,
     DevicePluginObservation,
     Drift,
     Finding,
     GidTable,
+    RailCounters,
     RailObservation,
 )
+from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
@@ -47,7 +52,10 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(f.ok for f in self.findings)
+        """FabricReady: every condition that gates the node (the informational
+        FabricTrafficOnRDMA only when configured to gate)."""
+        fabric = [f for f in self.findings if f.type == FABRIC_READY]
+        return all(f.ok for f in fabric or self.findings)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +91,9 @@ class Evaluator:
         self.lustre: LustreObservation | None = None  # set by whoever probes the mounts
         self.device_plugin: DevicePluginObservation | None = None  # likewise, the plugin
         self.plugin_seen_ready: frozenset[str] = frozenset()  # pod UIDs once seen Ready
+        self.counters: dict[str, RailCounters] = {}
+        self.traffic = TrafficTracker()  # kernel vs RDMA bytes over time, per rail
+        self.clock = time.monotonic
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -178,7 +189,9 @@ class Evaluator:
                     errors.append(f"cannot save learned GID pins in {cfg.state_dir}: {exc}")
         plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
         parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
-        findings = [*parts, fabric_finding(parts)]
+        traffic = self._traffic()
+        gated = [*parts, traffic] if cfg.fabric_traffic and cfg.fabric_traffic.gate else parts
+        findings = [*parts, fabric_finding(gated), traffic]
         rails = []
         for rail in cfg.rails:
             obs = self.observations.get(rail.name)
@@ -196,6 +209,7 @@ class Evaluator:
                     "drift": [d.message for d in drift.get(rail.name, [])],
                     "gid_index": verdict.observed.get(rail.name),
                     "gid_index_pinned": pin,
+                    **_counter_fields(self.counters.get(rail.name)),
                 }
             )
         return Report(
@@ -205,3 +219,41 @@ class Evaluator:
             gid_source=self.gid_table.source,
             rails=rails,
         )
+
+    def _traffic(self) -> Finding:
+        """Samples every rail's byte counters, then judges FabricTrafficOnRDMA."""
+        cfg = self.cfg
+        for rail in cfg.rails:
+            entries = rail_entries(rail, self.gid_table)
+            device = rail.rdma_device or (entries[0].device if entries else None)
+            port = rail.rdma_port if rail.rdma_device else (entries[0].port if entries else 1)
+            self.counters[rail.name] = read_rail_counters(cfg.paths.sysfs, rail.interface,
+                                                          device, port)
+        now = self.clock()
+        ft = cfg.fabric_traffic
+        if ft is None:
+            return traffic_finding(cfg, self.traffic, now, self.counters, None, "")
+        self.traffic.observe(now, ft.window, self.counters)
+        expected: bool | None
+        if ft.expect != "pods":
+            expected, why = ft.expect == "always", f"fabric_traffic.expect is {ft.expect}"
+        elif self.device_plugin is None or self.device_plugin.error:
+            expected, why = None, ("the node's pods are not known (expect: pods needs the "
+                                   "kubernetes and device_plugin sections)")
+        else:
+            resources = {*ft.pod_resources,
+                         *([cfg.device_plugin.resource] if cfg.device_plugin else [])}
+            users = fabric_consumers(self.device_plugin.node_pods, resources)
+            expected = bool(users)
+            why = (f"pods here request {', '.join(sorted(resources))}: "
+                   f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}" if users
+                   else "no pod here requests " + ", ".join(sorted(resources)))
+        return traffic_finding(cfg, self.traffic, now, self.counters, expected, why)
+
+
+def _counter_fields(c: RailCounters | None) -> dict[str, Any]:
+    if c is None:
+        return {}
+    return {"link_speed_mbps": c.speed_mbps, "netdev_tx_bytes": c.netdev_tx_bytes,
+            "netdev_rx_bytes": c.netdev_rx_bytes, "rdma_tx_bytes": c.rdma_tx_bytes,
+            "rdma_rx_bytes": c.rdma_rx_bytes}

@@ -25,6 +25,8 @@ CONDITION_TYPES = (
     LUSTRE_READY,
     FABRIC_READY,
 )
+# Informational (not part of FabricReady unless configured): traffic really uses RDMA.
+FABRIC_TRAFFIC_ON_RDMA = "FabricTrafficOnRDMA"
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,19 @@ class GidTable:
 
 
 @dataclass(frozen=True)
+class RailCounters:
+    """A rail's byte counters at one moment (None: not readable)."""
+
+    speed_mbps: int | None = None
+    netdev_tx_bytes: int | None = None  # the kernel stack's traffic (TCP and the rest)
+    netdev_rx_bytes: int | None = None
+    rdma_device: str | None = None
+    rdma_port: int = 1
+    rdma_tx_bytes: int | None = None  # RDMA traffic (port_xmit_data x 4)
+    rdma_rx_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class Pin:
     """A learned or configured GID pin for one rail."""
 
@@ -206,7 +221,8 @@ class DevicePluginObservation:
 
     node: dict[str, Any] | None = None
     daemonset: dict[str, Any] | None = None
-    pods: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[dict[str, Any]] = field(default_factory=list)  # the plugin's, on this node
+    node_pods: list[dict[str, Any]] = field(default_factory=list)  # every pod on this node
     error: str | None = None  # the API could not be read: every fact is Unknown
     images: tuple[ImagePlatforms, ...] = ()  # what the registry says the plugin's images offer
     machine: str = ""  # this host's uname machine (x86_64, aarch64): the platform variant

@@ -45,18 +45,21 @@ class KubeReader:
                 if exc.status != 404:
                     raise
                 ds = None
-            pods = call(self.api, self.counters, "GET", f"/api/v1/namespaces/{dp.namespace}/pods",
+            # Every pod on this node: the plugin's, and those that would use the fabric.
+            pods = call(self.api, self.counters, "GET", "/api/v1/pods",
                         query=[("fieldSelector", f"spec.nodeName={self.node}")])
         except Exception as exc:  # ApiException, timeouts, refused connections
             return DevicePluginObservation(error=describe(exc))
-        return DevicePluginObservation(node=node, daemonset=ds,
-                                       pods=plugin_pods(pods.get("items", []), dp))
+        items = pods.get("items", [])
+        return DevicePluginObservation(node=node, daemonset=ds, pods=plugin_pods(items, dp),
+                                       node_pods=items)
 
 
 def plugin_pods(pods: list[dict[str, Any]], dp: DevicePlugin) -> list[dict[str, Any]]:
     """The plugin DaemonSet's pods among a node's pods (a pod being deleted is leaving)."""
     return [p for p in pods
-            if not p.get("metadata", {}).get("deletionTimestamp")
+            if p.get("metadata", {}).get("namespace") == dp.namespace
+            and not p.get("metadata", {}).get("deletionTimestamp")
             and any(o.get("kind") == "DaemonSet" and o.get("name") == dp.daemonset
                     for o in p.get("metadata", {}).get("ownerReferences", []))]
 
@@ -74,7 +77,7 @@ class WatchedCollection(threading.Thread):
         self.field_selector = field_selector
         self.on_change = on_change
         self.renew = renew
-        self.items: dict[str, dict[str, Any]] = {}
+        self.items: dict[str, dict[str, Any]] = {}  # by namespace/name
         self.error: str | None = None
         self.synced = threading.Event()  # the first list has arrived (or failed)
         self._halt = threading.Event()
@@ -111,7 +114,7 @@ class WatchedCollection(threading.Thread):
                 if rv is None:
                     listed = call(self.api, self.counters, "GET", self.path, query=query)
                     rv = listed["metadata"]["resourceVersion"]
-                    self._set({i["metadata"]["name"]: i for i in listed.get("items", [])})
+                    self._set({_key(i): i for i in listed.get("items", [])})
                 resume = [("resourceVersion", str(rv)), ("allowWatchBookmarks", "true"),
                           ("timeoutSeconds", str(int(self.renew)))]
                 events = self._stream = watch(self.api, self.counters, self.path,
@@ -141,7 +144,7 @@ class WatchedCollection(threading.Thread):
         new_rv: str = obj.get("metadata", {}).get("resourceVersion") or rv
         if kind == "BOOKMARK":
             return new_rv
-        name = obj["metadata"]["name"]
+        name = _key(obj)
         with self._lock:
             items = dict(self.items)
         if kind == "DELETED":
@@ -150,6 +153,11 @@ class WatchedCollection(threading.Thread):
             items[name] = obj
         self._set(items)
         return new_rv
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta['name']}"  # names repeat across namespaces
 
 
 class WatchingReader:
@@ -166,7 +174,7 @@ class WatchingReader:
         self.daemonsets = WatchedCollection(api, self.counters,
                                             f"/apis/apps/v1/namespaces/{ns}/daemonsets",
                                             f"metadata.name={dp.daemonset}", on_change, renew)
-        self.pods = WatchedCollection(api, self.counters, f"/api/v1/namespaces/{ns}/pods",
+        self.pods = WatchedCollection(api, self.counters, "/api/v1/pods",
                                       f"spec.nodeName={node}", on_change, renew)
         self.collections = (self.nodes, self.daemonsets, self.pods)
         for c in self.collections:
@@ -185,7 +193,7 @@ class WatchingReader:
             return DevicePluginObservation(error=error)
         return DevicePluginObservation(node=nodes[0] if nodes else None,
                                        daemonset=dss[0] if dss else None,
-                                       pods=plugin_pods(pods, dp))
+                                       pods=plugin_pods(pods, dp), node_pods=pods)
 
     def stop(self) -> None:
         for c in self.collections:

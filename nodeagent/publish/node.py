@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding
+from nodeagent.model import CONDITION_TYPES, FABRIC_READY, FABRIC_TRAFFIC_ON_RDMA, Finding
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
@@ -43,7 +43,7 @@ def condition_updates(
     current = {c.get("type"): c for c in existing}
     out: list[dict[str, Any]] = []
     for f in findings:
-        if f.type not in CONDITION_TYPES:
+        if f.type not in (*CONDITION_TYPES, FABRIC_TRAFFIC_ON_RDMA):
             continue
         old = current.get(f.type)
         if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (

@@ -50,7 +50,7 @@ def test_check_changes_nothing_and_names_every_problem(
     assert "rail1 r1: MTU 1500, want 4200" in net["message"]
     assert [c["type"] for c in out["conditions"]] == [
         "RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
-        "FabricReady"]
+        "FabricReady", "FabricTrafficOnRDMA"]
     assert not (Path(agent_config["state_dir"]) / "pins.json").exists()
 
 

@@ -1,0 +1,125 @@
+"""FabricTrafficOnRDMA: traffic that should use RDMA really does.
+
+A job that silently falls back to TCP reports success at half speed. While fabric traffic is
+expected (pods here request the RDMA resource or GPUs, or the config says always), a rail
+whose kernel-stack bytes grow by more than `min_kernel_bytes` over `window` while its RDMA
+port counters stay flat is reported `TrafficNotOnFabric`. Informational by default: it
+joins FabricReady (and so the taint) only with `fabric_traffic.gate: true`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent.config import Config
+from nodeagent.model import FABRIC_TRAFFIC_ON_RDMA, Finding, RailCounters
+
+
+@dataclass
+class TrafficWindow:
+    """Samples of one rail's (kernel bytes, RDMA bytes), oldest first, spanning `window`."""
+
+    window: float
+    samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+
+    def add(self, now: float, counters: RailCounters) -> None:
+        kernel = _sum(counters.netdev_tx_bytes, counters.netdev_rx_bytes)
+        rdma = _sum(counters.rdma_tx_bytes, counters.rdma_rx_bytes)
+        if kernel is None or rdma is None:
+            self.samples.clear()  # unreadable: no verdict from a gap
+            return
+        if self.samples and (kernel < self.samples[-1][1] or rdma < self.samples[-1][2]):
+            self.samples.clear()  # counters reset (driver reload, device re-created)
+        self.samples.append((now, kernel, rdma))
+        # Keep one sample at or before the window's start, so the deltas span it fully.
+        while len(self.samples) > 2 and self.samples[1][0] <= now - self.window:
+            self.samples.popleft()
+
+    def deltas(self, now: float) -> tuple[int, int] | None:
+        """(kernel, RDMA) bytes over the last `window`, or None before a window is seen."""
+        if len(self.samples) < 2 or self.samples[0][0] > now - self.window:
+            return None
+        first, last = self.samples[0], self.samples[-1]
+        return last[1] - first[1], last[2] - first[2]
+
+
+def fabric_consumers(pods: Iterable[Mapping[str, Any]], resources: Set[str]) -> list[str]:
+    """Pods (namespace/name) that have not finished and request one of `resources`."""
+    users = []
+    for pod in pods:
+        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        spec = pod.get("spec", {})
+        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+            res = c.get("resources") or {}
+            asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+            if any(r in asked for r in resources):
+                meta = pod.get("metadata", {})
+                users.append(f"{meta.get('namespace')}/{meta.get('name')}")
+                break
+    return users
+
+
+def _sum(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
+
+
+@dataclass
+class TrafficTracker:
+    windows: dict[str, TrafficWindow] = field(default_factory=dict)
+
+    def observe(self, now: float, window: float, counters: Mapping[str, RailCounters]) -> None:
+        for rail, c in counters.items():
+            w = self.windows.setdefault(rail, TrafficWindow(window))
+            w.window = window
+            w.add(now, c)
+
+
+def traffic_finding(cfg: Config, tracker: TrafficTracker, now: float,
+                    counters: Mapping[str, RailCounters], expected: bool | None,
+                    why: str) -> Finding:
+    """`expected`: whether fabric traffic is expected now (None: cannot tell), and why."""
+    ft = cfg.fabric_traffic
+    if ft is None or not cfg.rails:
+        return Finding(FABRIC_TRAFFIC_ON_RDMA, "True", "NotConfigured",
+                       "no fabric_traffic section (or no rails)")
+    if expected is None:
+        return Finding(FABRIC_TRAFFIC_ON_RDMA, "Unknown", "ExpectationUnknown",
+                       f"cannot tell whether fabric traffic is expected: {why}")
+    if not expected:
+        return Finding(FABRIC_TRAFFIC_ON_RDMA, "True", "NoFabricTrafficExpected", why)
+    bad, measuring, unreadable, fine = [], [], [], []
+    for rail in cfg.rails:
+        c = counters.get(rail.name)
+        if c is None or c.rdma_device is None:
+            unreadable.append(f"{rail.name} {rail.interface}: no RDMA device found")
+            continue
+        if None in (c.netdev_tx_bytes, c.netdev_rx_bytes, c.rdma_tx_bytes, c.rdma_rx_bytes):
+            unreadable.append(f"{rail.name} {rail.interface}: counters unreadable")
+            continue
+        w = tracker.windows.get(rail.name)
+        d = w.deltas(now) if w else None
+        if d is None:
+            measuring.append(rail.name)
+            continue
+        kernel, rdma = d
+        if kernel > ft.min_kernel_bytes and rdma <= ft.flat_rdma_bytes:
+            bad.append(f"{rail.name} {rail.interface}: {kernel} bytes through the kernel "
+                       f"stack and {rdma} over RDMA ({c.rdma_device} port {c.rdma_port}) in "
+                       f"the last {ft.window:g}s: traffic is not using the fabric")
+        else:
+            fine.append(f"{rail.name}: kernel {kernel} B, RDMA {rdma} B")
+    if bad:
+        return Finding(FABRIC_TRAFFIC_ON_RDMA, "False", "TrafficNotOnFabric",
+                       "; ".join(bad + unreadable))
+    if unreadable:
+        return Finding(FABRIC_TRAFFIC_ON_RDMA, "Unknown", "CountersUnreadable",
+                       "; ".join(unreadable))
+    if measuring:
+        return Finding(FABRIC_TRAFFIC_ON_RDMA, "Unknown", "Measuring",
+                       f"less than {ft.window:g}s of samples for {', '.join(measuring)}")
+    return Finding(FABRIC_TRAFFIC_ON_RDMA, "True", "TrafficOnFabric",
+                   f"{why}; last {ft.window:g}s: " + "; ".join(fine))

@@ -1,0 +1,40 @@
+"""Per-rail byte counters and link speed from sysfs. Read-only.
+
+The netdev's own counters (`class/net/<if>/statistics/{tx,rx}_bytes`) carry what the kernel
+stack sends: TCP and everything else, but not RoCE, which the NIC moves itself. The RDMA
+port counters (`class/infiniband/<dev>/ports/<p>/counters/port_{xmit,rcv}_data`) count
+RDMA traffic in 4-byte words. Side by side they tell whether traffic uses the fabric.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nodeagent.model import RailCounters
+
+WORD = 4  # port_xmit_data / port_rcv_data count 32-bit words
+
+
+def _int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None  # absent, unreadable (EINVAL while the link is down) or garbage
+
+
+def read_rail_counters(sysfs: Path, ifname: str, device: str | None,
+                       port: int) -> RailCounters:
+    net = sysfs / "class" / "net" / ifname
+    speed = _int(net / "speed")
+    rdma_tx = rdma_rx = None
+    if device is not None:
+        counters = sysfs / "class" / "infiniband" / device / "ports" / str(port) / "counters"
+        words_tx, words_rx = _int(counters / "port_xmit_data"), _int(counters / "port_rcv_data")
+        rdma_tx = None if words_tx is None else words_tx * WORD
+        rdma_rx = None if words_rx is None else words_rx * WORD
+    return RailCounters(
+        speed_mbps=speed if speed is not None and speed > 0 else None,  # -1: no link
+        netdev_tx_bytes=_int(net / "statistics" / "tx_bytes"),
+        netdev_rx_bytes=_int(net / "statistics" / "rx_bytes"),
+        rdma_device=device, rdma_port=port,
+        rdma_tx_bytes=rdma_tx, rdma_rx_bytes=rdma_rx)

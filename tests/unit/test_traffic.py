@@ -1,0 +1,145 @@
+"""FabricTrafficOnRDMA from fixture counter trees driven over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeagent.checks.traffic import (
+    TrafficTracker,
+    TrafficWindow,
+    fabric_consumers,
+    traffic_finding,
+)
+from nodeagent.config import Config, parse_config
+from nodeagent.model import RailCounters
+from nodeagent.probes.counters import read_rail_counters
+
+MiB = 1 << 20
+
+
+class Tree:
+    """A sysfs fixture: one netdev and its RDMA port, counters set by the test."""
+
+    def __init__(self, root: Path, ifname: str = "r0", device: str = "mlx5_0") -> None:
+        self.net = root / "class" / "net" / ifname
+        self.port = root / "class" / "infiniband" / device / "ports" / "1" / "counters"
+        (self.net / "statistics").mkdir(parents=True)
+        self.port.mkdir(parents=True)
+        (self.net / "speed").write_text("200000\n")
+        self.set(0, 0)
+
+    def set(self, kernel_bytes: int, rdma_words: int) -> None:
+        (self.net / "statistics" / "tx_bytes").write_text(f"{kernel_bytes}\n")
+        (self.net / "statistics" / "rx_bytes").write_text("0\n")
+        (self.port / "port_xmit_data").write_text(f"{rdma_words}\n")
+        (self.port / "port_rcv_data").write_text("0\n")
+
+
+def test_counters_are_read_and_rdma_words_become_bytes(tmp_path: Path) -> None:
+    tree = Tree(tmp_path)
+    tree.set(5000, 1000)
+    c = read_rail_counters(tmp_path, "r0", "mlx5_0", 1)
+    assert c == RailCounters(speed_mbps=200000, netdev_tx_bytes=5000, netdev_rx_bytes=0,
+                             rdma_device="mlx5_0", rdma_port=1, rdma_tx_bytes=4000,
+                             rdma_rx_bytes=0)
+
+
+@pytest.mark.parametrize("speed, garbage, expect_speed", [
+    ("-1\n", "not a number", None),  # link down: the kernel says -1
+    ("", "", None),  # empty files
+])
+def test_malformed_counters_read_as_unknown(tmp_path: Path, speed: str, garbage: str,
+                                            expect_speed: int | None) -> None:
+    tree = Tree(tmp_path)
+    (tree.net / "speed").write_text(speed)
+    (tree.port / "port_xmit_data").write_text(garbage)
+    c = read_rail_counters(tmp_path, "r0", "mlx5_0", 1)
+    assert c.speed_mbps == expect_speed and c.rdma_tx_bytes is None
+    assert read_rail_counters(tmp_path, "nope", None, 1) == RailCounters()
+
+
+def config(**traffic: Any) -> Config:
+    return parse_config({"rails": [{"name": "rail0", "interface": "r0",
+                                    "address": "10.10.0.5/24"}],
+                         "fabric_traffic": {"expect": "always", "window": "60s",
+                                            "min_kernel_bytes": 100 * MiB, **traffic}})
+
+
+def drive(tmp_path: Path, cfg: Config, steps: list[tuple[float, int, int]]) -> list[str]:
+    """Counters (kernel bytes, RDMA words) at times; the reason after each sample."""
+    tree, tracker, reasons = Tree(tmp_path), TrafficTracker(), []
+    for now, kernel, words in steps:
+        tree.set(kernel, words)
+        counters = {"rail0": read_rail_counters(tmp_path, "r0", "mlx5_0", 1)}
+        assert cfg.fabric_traffic is not None
+        tracker.observe(now, cfg.fabric_traffic.window, counters)
+        reasons.append(traffic_finding(cfg, tracker, now, counters, True, "test").reason)
+    return reasons
+
+
+def test_tcp_fallback_is_reported_once_a_window_is_seen(tmp_path: Path) -> None:
+    steps = [(0, 0, 0), (30, 60 * MiB, 0), (60, 120 * MiB, 0), (90, 180 * MiB, 0)]
+    assert drive(tmp_path, config(), steps) == [
+        "Measuring", "Measuring", "TrafficNotOnFabric", "TrafficNotOnFabric"]
+
+
+def test_rdma_traffic_moving_is_fine(tmp_path: Path) -> None:
+    steps = [(0, 0, 0), (30, 60 * MiB, 100), (60, 120 * MiB, 5000)]
+    assert drive(tmp_path, config(), steps)[-1] == "TrafficOnFabric"
+
+
+def test_little_kernel_traffic_is_fine(tmp_path: Path) -> None:
+    steps = [(0, 0, 0), (60, 10 * MiB, 0)]
+    assert drive(tmp_path, config(), steps)[-1] == "TrafficOnFabric"
+
+
+def test_recovery_after_fallback_clears_within_a_window(tmp_path: Path) -> None:
+    steps = [(0, 0, 0), (60, 200 * MiB, 0), (90, 200 * MiB, 10), (120, 200 * MiB, 10**6),
+             (150, 200 * MiB, 2 * 10**6)]
+    assert drive(tmp_path, config(), steps) == [
+        "Measuring", "TrafficNotOnFabric", "TrafficOnFabric", "TrafficOnFabric",
+        "TrafficOnFabric"]
+
+
+def test_counter_reset_starts_over(tmp_path: Path) -> None:
+    steps = [(0, 500 * MiB, 0), (60, 700 * MiB, 0), (70, 1 * MiB, 0), (100, 150 * MiB, 0)]
+    assert drive(tmp_path, config(), steps) == [
+        "Measuring", "TrafficNotOnFabric", "Measuring", "Measuring"]
+
+
+def test_window_spans_exactly_the_configured_time() -> None:
+    w = TrafficWindow(60)
+    for t in range(0, 200, 10):
+        w.add(t, RailCounters(netdev_tx_bytes=t, netdev_rx_bytes=0, rdma_tx_bytes=0,
+                              rdma_rx_bytes=0))
+    assert w.deltas(190) == (60, 0)
+    assert w.samples[0][0] == 130
+
+
+def test_expectation_and_configuration() -> None:
+    cfg = config()
+    tracker = TrafficTracker()
+    assert traffic_finding(cfg, tracker, 0, {}, False, "no pod").reason == \
+        "NoFabricTrafficExpected"
+    unknown = traffic_finding(cfg, tracker, 0, {}, None, "pods not known")
+    assert (unknown.status, unknown.reason) == ("Unknown", "ExpectationUnknown")
+    no_device = traffic_finding(cfg, tracker, 0, {"rail0": RailCounters()}, True, "x")
+    assert (no_device.status, no_device.reason, no_device.message) == (
+        "Unknown", "CountersUnreadable", "rail0 r0: no RDMA device found")
+    off = traffic_finding(parse_config({}), tracker, 0, {}, True, "")
+    assert (off.status, off.reason) == ("True", "NotConfigured")
+
+
+def test_fabric_consumers() -> None:
+    def pod(name: str, phase: str, **res: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"namespace": "ml", "name": name}, "status": {"phase": phase},
+                "spec": {"containers": [{"name": "c", "resources": res}]}}
+
+    pods = [pod("train", "Running", limits={"nvidia.com/gpu": "8"}),
+            pod("rdma", "Pending", requests={"rdma/hca": "1"}),
+            pod("done", "Succeeded", limits={"nvidia.com/gpu": "8"}),
+            pod("web", "Running", requests={"cpu": "1"})]
+    assert fabric_consumers(pods, {"nvidia.com/gpu", "rdma/hca"}) == ["ml/train", "ml/rdma"]
