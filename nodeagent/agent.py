@@ -34,6 +34,8 @@ from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
 from nodeagent.evaluate import Evaluator, Report
 from nodeagent.lustre import LustreMonitor
 from nodeagent.probes.netlink import link_from_msg
+from nodeagent.publish.metrics import AgentMetrics, serve
+from nodeagent.publish.node import rfc3339
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
 
@@ -111,6 +113,10 @@ class Agent:
         self.publisher: Publisher | None = None
         self.lustre_monitor: LustreMonitor | None = None
         self.plugin_monitor: DevicePluginMonitor | None = None
+        self.metrics: AgentMetrics | None = None
+        self._metrics_server: Any = None
+        self.since: dict[str, tuple[str, float]] = {}  # condition -> (status, since, wall)
+        self.repair_counts: dict[str, dict[str, int]] = {}  # rail -> action kind -> count
         self.evaluator: Evaluator  # made in run(), once the netlink socket is open
         self._configure(cfg)
 
@@ -217,12 +223,16 @@ class Agent:
 
     def run_pass(self, rails: set[str] | None) -> Report:
         started = time.perf_counter()
+        self.evaluator.timings.clear()
         paused, _ = self.overrides()
         repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
         now = self.clock()
         for name, actions in repairs.done.items():
             rail = self.evaluator.rails[name]
             self.guard.record(now, name, rail.label, {a.kind for a in actions})
+            counts = self.repair_counts.setdefault(name, {})
+            for a in actions:
+                counts[a.kind.value] = counts.get(a.kind.value, 0) + 1
         for name, obs in self.evaluator.observations.items():
             if obs.link is not None and name in self.flaps:
                 self.flaps[name].observe(now, obs.link)
@@ -231,6 +241,10 @@ class Agent:
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
         self.last_report = report
+        if self.metrics is not None:
+            self.metrics.observe_pass(
+                {**self.evaluator.timings, "pass": self.last_pass_seconds},
+                [(n, a.kind.value) for n, acts in repairs.done.items() for a in acts])
         if self.publisher is not None:
             self.publisher.submit(report)  # never waits for the API server
         self._publish(report)
@@ -238,11 +252,24 @@ class Agent:
 
     def _publish(self, report: Report, state: str = "running") -> None:
         data = report.as_dict()
+        wall = time.time()
+        for c in data["conditions"]:
+            status, since = self.since.get(c["type"], ("", wall))
+            if status != c["status"]:
+                since = wall
+                self.since[c["type"]] = (c["status"], since)
+            c["since"] = rfc3339(since)
         for rail in data["rails"]:
             tracker = self.flaps.get(rail["name"])
             if tracker is not None:
                 rail["carrier_losses_total"] = tracker.total
                 rail["carrier_losses_in_window"] = tracker.in_window(self.clock())
+            rail["repairs_total"] = dict(self.repair_counts.get(rail["name"], {}))
+        data["probe_seconds"] = {k: round(v, 6) for k, v in self.evaluator.timings.items()}
+        lustre = self.evaluator.lustre
+        if lustre is not None:
+            data["lustre"] = [{"mountpoint": mp, "probe_seconds": round(r.seconds, 6),
+                               "hung": not r.done} for mp, r in lustre.statfs.items()]
         daemon = {
             "state": state,
             "passes": self.passes,
@@ -251,6 +278,8 @@ class Agent:
         }
         if self.publisher is not None:
             data["kubernetes"] = self.publisher.status()
+        if self.metrics is not None:
+            self.metrics.update(data, {t: s for t, (_, s) in self.since.items()})
         try:
             write_status(self.cfg.runtime_dir, data, daemon)
         except OSError as exc:
@@ -311,7 +340,19 @@ class Agent:
             cfg, lambda wake: plugin_reader(cfg, on_change=wake), deliver)
         self.plugin_monitor.start()
 
+    def _start_metrics(self) -> None:
+        if self.cfg.metrics is None:
+            return
+        self.metrics = AgentMetrics()
+        try:
+            self._metrics_server = serve(self.metrics, self.cfg.metrics.listen)
+        except OSError as exc:  # port taken: the agent's real work goes on without it
+            log.error("metrics endpoint %s: %s", self.cfg.metrics.listen, exc)
+        else:
+            log.info("metrics on http://%s/metrics", self.cfg.metrics.listen)
+
     def run(self) -> int:
+        self._start_metrics()
         self._start_publisher()
         monitor = NetlinkMonitor(self.work, self.cfg.netlink_rcvbuf)
         monitor.start()
@@ -384,5 +425,7 @@ class Agent:
             self.lustre_monitor.stop()
         if self.plugin_monitor is not None:
             self.plugin_monitor.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
         log.info("stopped after %d passes", self.passes)
         return 0

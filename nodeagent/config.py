@@ -212,6 +212,18 @@ class FabricTraffic(_Strict):
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
 
+class Metrics(_Strict):
+    listen: str = "127.0.0.1:9464"  # host:port of the Prometheus endpoint (loopback)
+
+    @field_validator("listen")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        _host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{v!r} is not host:port (e.g. 127.0.0.1:9464)")
+        return v
+
+
 class LustreMount(_Strict):
     mountpoint: str
     source: str  # as mountinfo shows it: MGS NIDs and fsname, e.g. 10.0.0.1@o2ib:/scratch
@@ -261,6 +273,7 @@ class Config(_Strict):
     repair_guard: RepairGuard = RepairGuard()
     device_plugin: DevicePlugin | None = None
     fabric_traffic: FabricTraffic | None = None
+    metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
     lustre_interval: Duration = 10.0  # how often the mounts are probed (off the main loop)
     kubernetes: Kubernetes | None = None

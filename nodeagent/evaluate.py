@@ -94,13 +94,16 @@ class Evaluator:
         self.counters: dict[str, RailCounters] = {}
         self.traffic = TrafficTracker()  # kernel vs RDMA bytes over time, per rail
         self.clock = time.monotonic
+        self.timings: dict[str, float] = {}  # probe -> seconds, in the latest pass
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
         if not rails:
             return
         keys = {r.name: sorted(self.cfg.sysctls_for(r)) for r in rails}
+        started = time.perf_counter()
         self.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs, keys))
+        self.timings["netlink"] = time.perf_counter() - started
 
     def ifindex(self, rail: str) -> int | None:
         obs = self.observations.get(rail)
@@ -173,11 +176,13 @@ class Evaluator:
     ) -> Report:
         cfg = self.cfg
         net = network_finding(cfg, drift, overrides)
+        started = time.perf_counter()
         self.gid_table = (
             read_gid_table(cfg.gid_source, cfg.paths.sysfs)
             if cfg.rails
             else (GidTable(source="none"))
         )
+        self.timings["gid"] = time.perf_counter() - started
         errors.extend(self.gid_table.errors)
         verdict = gid_finding(cfg, self.gid_table, self.pins)
         if verdict.learned:
@@ -223,12 +228,14 @@ class Evaluator:
     def _traffic(self) -> Finding:
         """Samples every rail's byte counters, then judges FabricTrafficOnRDMA."""
         cfg = self.cfg
+        started = time.perf_counter()
         for rail in cfg.rails:
             entries = rail_entries(rail, self.gid_table)
             device = rail.rdma_device or (entries[0].device if entries else None)
             port = rail.rdma_port if rail.rdma_device else (entries[0].port if entries else 1)
             self.counters[rail.name] = read_rail_counters(cfg.paths.sysfs, rail.interface,
                                                           device, port)
+        self.timings["counters"] = time.perf_counter() - started
         now = self.clock()
         ft = cfg.fabric_traffic
         if ft is None:

@@ -65,10 +65,15 @@ def call(
     _, url, headers, data, post = api.param_serialize(
         method=method, resource_path=path, query_params=query, header_params=headers,
         body=body, auth_settings=["BearerToken"])
-    resp = api.call_api(method, url, header_params=headers, body=data, post_params=post,
-                        _request_timeout=TIMEOUT)
-    resp.read()
+    try:
+        resp = api.call_api(method, url, header_params=headers, body=data, post_params=post,
+                            _request_timeout=TIMEOUT)
+        resp.read()
+    except Exception:
+        counters.errors += 1  # refused, timed out, TLS
+        raise
     if not 200 <= resp.status < 300:
+        counters.errors += 1
         if resp.status == 409:
             counters.conflicts += 1
         raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)

@@ -182,6 +182,7 @@ class Publisher(threading.Thread):
             "requests": counters.requests if counters else 0,
             "writes": counters.writes if counters else 0,
             "conflicts": counters.conflicts if counters else 0,
+            "errors": counters.errors if counters else 0,
             "events_dropped": counters.events_dropped if counters else 0,
         }
 

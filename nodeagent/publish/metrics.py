@@ -1,0 +1,143 @@
+"""The agent's Prometheus metrics, and the endpoint that serves them (loopback by default).
+
+Fed from the loop after every pass (the same figures go to the status file); read at scrape
+time from a snapshot, so a scrape never waits for a pass and a pass never waits for a scrape.
+Names follow Prometheus conventions: `nodeagent_` prefix, base units, `_total` counters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+STATUSES = ("True", "False", "Unknown")
+
+
+class AgentMetrics(Collector):
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.probe_seconds = Histogram(
+            "nodeagent_probe_duration_seconds", "Time one probe took within a check pass.",
+            ["probe"], buckets=BUCKETS, registry=self.registry)
+        self.repairs = Counter(
+            "nodeagent_rail_repairs", "Repairs the agent made on a rail, by kind.",
+            ["rail", "kind"], registry=self.registry)
+        self._lock = threading.Lock()
+        self._status: dict[str, Any] = {}
+        self._since: dict[str, float] = {}
+        self.registry.register(self)
+
+    def observe_pass(self, timings: Mapping[str, float],
+                     repairs: Iterable[tuple[str, str]]) -> None:
+        for probe, seconds in timings.items():
+            self.probe_seconds.labels(probe).observe(seconds)
+        for rail, kind in repairs:
+            self.repairs.labels(rail, kind).inc()
+
+    def update(self, status: dict[str, Any], since: Mapping[str, float]) -> None:
+        """The status-file document of the latest pass, and when each condition last
+        changed status (wall clock)."""
+        with self._lock:
+            self._status, self._since = status, dict(since)
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected from a snapshot: nothing to describe up front
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            status, since = self._status, self._since
+        now = time.time()
+        cond = GaugeMetricFamily("nodeagent_condition", "1 for the condition's current "
+                                 "status, 0 for the others.", labels=["condition", "status"])
+        age = GaugeMetricFamily("nodeagent_condition_seconds_since_transition",
+                                "Time since the condition last changed status.",
+                                labels=["condition"])
+        for c in status.get("conditions", []):
+            for s in STATUSES:
+                cond.add_metric([c["type"], s], 1.0 if c["status"] == s else 0.0)
+            if c["type"] in since:
+                age.add_metric([c["type"]], max(0.0, now - since[c["type"]]))
+        yield cond
+        yield age
+        yield from _rails(status.get("rails", []))
+        yield from _kube(status.get("kubernetes"))
+        yield from _lustre(status.get("lustre", []))
+
+
+def _rails(rails: list[dict[str, Any]]) -> Iterable[Metric]:
+    def gauge(name: str, doc: str) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, labels=["rail", "interface"])
+
+    def counter(name: str, doc: str) -> CounterMetricFamily:
+        return CounterMetricFamily(name, doc, labels=["rail", "interface"])
+
+    carrier = counter("nodeagent_rail_carrier_losses", "Carrier losses seen since start.")
+    gid = gauge("nodeagent_rail_gid_index", "Index of the rail's IPv4 RoCE v2 GID now.")
+    pinned = gauge("nodeagent_rail_gid_index_pinned", "Index the rail's GID is pinned to.")
+    speed = gauge("nodeagent_rail_link_speed_bits_per_second", "Link speed of the netdev.")
+    families: dict[str, CounterMetricFamily] = {
+        "netdev_tx_bytes": counter("nodeagent_rail_netdev_transmit_bytes",
+                                   "Bytes the kernel stack sent on the rail (TCP etc.)."),
+        "netdev_rx_bytes": counter("nodeagent_rail_netdev_receive_bytes",
+                                   "Bytes the kernel stack received on the rail."),
+        "rdma_tx_bytes": counter("nodeagent_rail_rdma_transmit_bytes",
+                                 "RDMA bytes sent by the rail's port (port_xmit_data x 4)."),
+        "rdma_rx_bytes": counter("nodeagent_rail_rdma_receive_bytes",
+                                 "RDMA bytes received by the rail's port (port_rcv_data x 4)."),
+    }
+    for r in rails:
+        labels = [r["name"], r["interface"]]
+        if r.get("carrier_losses_total") is not None:
+            carrier.add_metric(labels, r["carrier_losses_total"])
+        if r.get("gid_index") is not None:
+            gid.add_metric(labels, r["gid_index"])
+        if r.get("gid_index_pinned") is not None:
+            pinned.add_metric(labels, r["gid_index_pinned"])
+        if r.get("link_speed_mbps"):
+            speed.add_metric(labels, r["link_speed_mbps"] * 1e6)
+        for key, family in families.items():
+            if r.get(key) is not None:
+                family.add_metric(labels, r[key])
+    yield from (carrier, gid, pinned, speed, *families.values())
+
+
+def _kube(kube: dict[str, Any] | None) -> Iterable[Metric]:
+    if not kube:
+        return
+    for key, doc in (("requests", "Requests made to the API server."),
+                     ("writes", "Writes (non-GET requests) made to the API server."),
+                     ("errors", "API requests that failed (refused, timed out, non-2xx)."),
+                     ("conflicts", "API writes refused with 409 Conflict.")):
+        yield CounterMetricFamily(f"nodeagent_kube_{key}", doc, value=kube.get(key, 0))
+    yield GaugeMetricFamily("nodeagent_tainted", "1 while the agent keeps its taint on the "
+                            "Node.", value=1.0 if kube.get("tainted") else 0.0)
+
+
+def _lustre(mounts: list[dict[str, Any]]) -> Iterable[Metric]:
+    if not mounts:
+        return
+    latency = GaugeMetricFamily("nodeagent_lustre_probe_seconds", "How long the last statfs "
+                                "probe took (or has been stuck).", labels=["mountpoint"])
+    hung = GaugeMetricFamily("nodeagent_lustre_probe_hung", "1 while the mount's probe has "
+                             "not answered within its timeout.", labels=["mountpoint"])
+    for m in mounts:
+        if m.get("probe_seconds") is not None:
+            latency.add_metric([m["mountpoint"]], m["probe_seconds"])
+        hung.add_metric([m["mountpoint"]], 1.0 if m.get("hung") else 0.0)
+    yield latency
+    yield hung
+
+
+def serve(metrics: AgentMetrics, listen: str) -> Any:
+    """Starts the endpoint on a daemon thread; returns the server (for shutdown)."""
+    host, _, port = listen.rpartition(":")
+    server, _thread = start_http_server(int(port), addr=host.strip("[]"),
+                                        registry=metrics.registry)
+    return server
