@@ -1,4 +1,4 @@
-"""Command line: check, apply, run, status, alerts.
+"""Command line: check, apply, run, status, alerts, fleet.
 
 Exit codes (public contract): 0 every condition True, 1 any False/Unknown, 2 bad usage or
 invalid config.
@@ -22,6 +22,7 @@ from nodeagent.config import (
     load_config,
     parse_config,
 )
+from nodeagent.fleet import add_arguments as add_fleet_arguments
 
 EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
 
@@ -60,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="a plain rules file, or a prometheus-operator PrometheusRule")
     alp.add_argument("--namespace", default="nodeagent-system",
                      help="namespace of the PrometheusRule")
+    fl = sub.add_parser("fleet", help="every fabric node's conditions, taint, heartbeat and "
+                        "RDMA capacity in one table (also: kubectl fabric)")
+    add_fleet_arguments(fl)
     for field_name, default in vars(Windows()).items():
         alp.add_argument(f"--{field_name.replace('_', '-')}", default=default,
                          type=type(default), metavar="DURATION")
@@ -222,6 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "alerts":
             return cmd_alerts(args)
+        if args.command == "fleet":
+            from nodeagent.fleet import run as run_fleet
+
+            return run_fleet(args)
         return cmd_status(args)
     except ConfigError as exc:
         for line in exc.problems:

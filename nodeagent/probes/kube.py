@@ -70,11 +70,12 @@ class WatchedCollection(threading.Thread):
     state no list at all, one watch request per `renew` seconds. `on_change` is called after
     every change and every connectivity change, from this thread."""
 
-    def __init__(self, api: k8s.ApiClient, counters: Counters, path: str, field_selector: str,
-                 on_change: Callable[[], None], renew: float = 300.0) -> None:
-        super().__init__(name=f"watch {path}?{field_selector}", daemon=True)
+    def __init__(self, api: k8s.ApiClient, counters: Counters, path: str,
+                 query: list[tuple[str, str]], on_change: Callable[[], None],
+                 renew: float = 300.0) -> None:
+        super().__init__(name=f"watch {path}", daemon=True)
         self.api, self.counters, self.path = api, counters, path
-        self.field_selector = field_selector
+        self.query = query  # selectors
         self.on_change = on_change
         self.renew = renew
         self.items: dict[str, dict[str, Any]] = {}  # by namespace/name
@@ -108,7 +109,7 @@ class WatchedCollection(threading.Thread):
     def run(self) -> None:
         rv: str | None = None
         backoff = 0.5
-        query = [("fieldSelector", self.field_selector)]
+        query = self.query
         while not self._halt.is_set():
             try:
                 if rv is None:
@@ -170,12 +171,14 @@ class WatchingReader:
         self.dp = dp
         ns = dp.namespace
         self.nodes = WatchedCollection(api, self.counters, "/api/v1/nodes",
-                                       f"metadata.name={node}", on_change, renew)
-        self.daemonsets = WatchedCollection(api, self.counters,
-                                            f"/apis/apps/v1/namespaces/{ns}/daemonsets",
-                                            f"metadata.name={dp.daemonset}", on_change, renew)
+                                       [("fieldSelector", f"metadata.name={node}")],
+                                       on_change, renew)
+        self.daemonsets = WatchedCollection(
+            api, self.counters, f"/apis/apps/v1/namespaces/{ns}/daemonsets",
+            [("fieldSelector", f"metadata.name={dp.daemonset}")], on_change, renew)
         self.pods = WatchedCollection(api, self.counters, "/api/v1/pods",
-                                      f"spec.nodeName={node}", on_change, renew)
+                                      [("fieldSelector", f"spec.nodeName={node}")],
+                                      on_change, renew)
         self.collections = (self.nodes, self.daemonsets, self.pods)
         for c in self.collections:
             c.start()

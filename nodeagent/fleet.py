@@ -1,0 +1,265 @@
+"""The fleet view: every fabric node's conditions, taint, agent heartbeat and RDMA capacity in
+one table (`nodeagent fleet`, and `kubectl fabric` through the kubectl-fabric plugin).
+
+Two lists per view (Nodes by label selector, the agents' Leases); `--watch` keeps both
+current with watches and redraws on change. Rows needing attention are flagged: a stale
+agent heartbeat, zero RDMA capacity, a taint older than --taint-older.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from nodeagent.model import (
+    FABRIC_READY,
+    FABRIC_TRAFFIC_ON_RDMA,
+    LUSTRE_READY,
+    RDMA_DEVICE_PLUGIN_READY,
+    ROCE_GID_STABLE,
+    ROCE_NETWORK_READY,
+)
+
+COLUMNS = (ROCE_NETWORK_READY, ROCE_GID_STABLE, RDMA_DEVICE_PLUGIN_READY, LUSTRE_READY,
+           FABRIC_TRAFFIC_ON_RDMA)
+SHORT = {ROCE_NETWORK_READY: "NET", ROCE_GID_STABLE: "GID", RDMA_DEVICE_PLUGIN_READY: "PLUGIN",
+         LUSTRE_READY: "LUSTRE", FABRIC_TRAFFIC_ON_RDMA: "TRAFFIC"}
+
+
+@dataclass
+class FleetRow:
+    node: str
+    fabric: str  # FabricReady status, "-" when no agent published it
+    reason: str
+    conditions: dict[str, dict[str, str]]  # type -> status, reason, message
+    tainted: bool
+    taint_reason: str
+    since: str  # when FabricReady last changed (the taint follows it)
+    heartbeat_age: float | None  # seconds since the agent's Lease was renewed
+    capacity: int
+    allocatable: int
+    flags: list[str] = field(default_factory=list)
+
+
+def _time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def fleet_rows(nodes: Iterable[Mapping[str, Any]], leases: Iterable[Mapping[str, Any]],
+               resource: str, taint_key: str, now: float, stale_after: float,
+               taint_older: float) -> list[FleetRow]:
+    renewed = {}
+    for lease in leases:
+        name = lease.get("metadata", {}).get("name", "")
+        if name.startswith("nodeagent-"):
+            renewed[name[len("nodeagent-"):]] = _time(lease.get("spec", {}).get("renewTime"))
+    rows = []
+    for node in nodes:
+        name = node.get("metadata", {}).get("name", "")
+        status = node.get("status", {})
+        conds = {c.get("type"): c for c in status.get("conditions") or []}
+        fabric = conds.get(FABRIC_READY, {})
+        taint = next((t for t in node.get("spec", {}).get("taints") or []
+                      if t.get("key") == taint_key), None)
+        since = fabric.get("lastTransitionTime", "")
+        renew = renewed.get(name)
+        row = FleetRow(
+            node=name, fabric=fabric.get("status", "-"), reason=fabric.get("reason", ""),
+            conditions={t: {"status": c.get("status", ""), "reason": c.get("reason", ""),
+                            "message": c.get("message", "")}
+                        for t, c in conds.items() if t in (*COLUMNS, FABRIC_READY)},
+            tainted=taint is not None, taint_reason=(taint or {}).get("value", ""),
+            since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
+            capacity=_int((status.get("capacity") or {}).get(resource)),
+            allocatable=_int((status.get("allocatable") or {}).get(resource)))
+        if row.heartbeat_age is None or row.heartbeat_age > stale_after:
+            row.flags.append("agent-stale" if renew is not None else "no-agent")
+        if row.capacity == 0 or row.allocatable == 0:
+            row.flags.append("no-rdma")
+        changed = _time(since)
+        if row.tainted and changed is not None and now - changed > taint_older:
+            row.flags.append("taint-old")
+        rows.append(row)
+    return sorted(rows, key=lambda r: (not r.flags, r.fabric == "True", r.node))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    return f"{s // 3600}h" if s < 172800 else f"{s // 86400}d"
+
+
+def render_table(rows: list[FleetRow], now: float, wide: bool = False,
+                 color: bool = False) -> str:
+    head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA"]
+    if wide:
+        head[3:3] = [SHORT[t] for t in COLUMNS]
+    head.append("FLAGS")
+    lines = [head]
+    for r in rows:
+        since = _time(r.since)
+        line = [r.node, r.fabric, r.reason or "-",
+                r.taint_reason if r.tainted else "-",
+                _age(None if since is None else now - since), _age(r.heartbeat_age),
+                f"{r.allocatable}/{r.capacity}"]
+        if wide:
+            line[3:3] = [(r.conditions.get(t, {}).get("status") or "-")
+                         + (f" {r.conditions[t]['reason']}"
+                            if r.conditions.get(t, {}).get("status") not in (None, "True")
+                            else "") for t in COLUMNS]
+        line.append(",".join(r.flags) or "-")
+        lines.append(line)
+    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
+    out = []
+    for n, line in enumerate(lines):
+        text = "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        if color and n and rows[n - 1].flags:
+            text = f"\033[1;31m{text}\033[0m"  # what needs attention stands out
+        out.append(text)
+    return "\n".join(out) + "\n"
+
+
+def render(rows: list[FleetRow], output: str, now: float, color: bool) -> str:
+    if output == "json":
+        return json.dumps([asdict(r) for r in rows], indent=2) + "\n"
+    return render_table(rows, now, wide=output == "wide", color=color)
+
+
+# ---------------------------------------------------------------- reading the API
+
+
+@dataclass
+class FleetSource:
+    """Where the rows come from: the API, with the agent's default names."""
+
+    api: Any
+    selector: str
+    lease_namespace: str
+    counters: Any = None
+
+    def __post_init__(self) -> None:
+        from nodeagent.kubeapi import Counters
+
+        self.counters = self.counters or Counters()
+
+    def list_once(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        from nodeagent.kubeapi import call
+
+        query = [("labelSelector", self.selector)] if self.selector else []
+        nodes = call(self.api, self.counters, "GET", "/api/v1/nodes", query=query)
+        leases = call(self.api, self.counters, "GET",
+                      f"/apis/coordination.k8s.io/v1/namespaces/{self.lease_namespace}/leases")
+        return nodes.get("items", []), leases.get("items", [])
+
+    def watch(self, redraw: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None],
+              stop: threading.Event, coalesce: float = 0.5) -> None:
+        """Calls `redraw` with the current objects after every burst of changes."""
+        from nodeagent.probes.kube import WatchedCollection
+
+        changed = threading.Event()
+        query = [("labelSelector", self.selector)] if self.selector else []
+        nodes = WatchedCollection(self.api, self.counters, "/api/v1/nodes", query, changed.set)
+        leases = WatchedCollection(
+            self.api, self.counters,
+            f"/apis/coordination.k8s.io/v1/namespaces/{self.lease_namespace}/leases", [],
+            changed.set)
+        nodes.start()
+        leases.start()
+        try:
+            while not stop.is_set():
+                changed.wait(5.0)  # also redraw now and then: ages move on
+                stop.wait(coalesce)
+                changed.clear()
+                (n, n_err), (le, l_err) = nodes.snapshot(), leases.snapshot()
+                if n_err or l_err:
+                    print(f"fleet: {n_err or l_err}", file=sys.stderr)
+                redraw(n, le)
+        finally:
+            nodes.stop()
+            leases.stop()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    p.add_argument("-l", "--selector", default="",
+                   help="label selector of the fabric nodes (default: every node)")
+    p.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table")
+    p.add_argument("-w", "--watch", action="store_true", help="redraw on every change")
+    p.add_argument("--resource", default="rdma/rdma_shared_device_a",
+                   help="the RDMA extended resource")
+    p.add_argument("--taint-key", default="nodeagent.io/fabric-unready")
+    p.add_argument("--lease-namespace", default="nodeagent-system")
+    p.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
+                   help="flag an agent heartbeat older than this")
+    p.add_argument("--taint-older", type=float, default=1800.0, metavar="SECONDS",
+                   help="flag a taint older than this")
+
+
+def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None = None) -> int:
+    from nodeagent.config import Kubernetes
+    from nodeagent.kubeapi import api_client
+
+    out = out or sys.stdout
+    try:
+        api = api_client(Kubernetes(kubeconfig=args.kubeconfig))
+    except Exception as exc:  # no kubeconfig, unreadable, not in a cluster
+        print(f"fleet: {(str(exc).splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
+        return 1
+    source = FleetSource(api, args.selector, args.lease_namespace)
+    color = bool(getattr(out, "isatty", lambda: False)())
+
+    def draw(nodes: list[dict[str, Any]], leases: list[dict[str, Any]]) -> None:
+        now = time.time()
+        rows = fleet_rows(nodes, leases, args.resource, args.taint_key, now,
+                          args.stale_after, args.taint_older)
+        if args.watch and color:
+            out.write("\033[H\033[J")  # redraw in place on a terminal
+        out.write(render(rows, args.output, now, color))
+        out.flush()
+
+    if not args.watch:
+        try:
+            objects = source.list_once()
+        except Exception as exc:  # refused, 403, bad kubeconfig: one line, not a trace
+            from nodeagent.probes.kube import describe
+
+            print(f"fleet: cannot list nodes and leases: {describe(exc)}", file=sys.stderr)
+            return 1
+        draw(*objects)
+        return 0
+    with contextlib.suppress(KeyboardInterrupt):
+        source.watch(draw, stop or threading.Event())
+    return 0
+
+
+def kubectl_main() -> None:
+    """`kubectl fabric ...` (kubectl finds kubectl-fabric on PATH)."""
+    p = argparse.ArgumentParser(prog="kubectl fabric", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    sys.exit(run(p.parse_args()))

@@ -1,0 +1,181 @@
+"""`nodeagent fleet` / `kubectl fabric` against the real API server, many Node objects."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apiserver import ApiServer
+from helpers import wait_for
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from nodeagent.cli import main
+from nodeagent.fleet import add_arguments, fleet_rows, render_table, run
+from nodeagent.kubeapi import Counters, call
+
+KEY = "nodeagent.io/fabric-unready"
+RESOURCE = "rdma/rdma_shared_device_a"
+LEASES = "nodeagent-system"
+MERGE = "application/merge-patch+json"
+N = 40
+
+
+def stamp(offset: float = 0.0) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + offset))
+
+
+def micro(offset: float = 0.0) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(time.time() + offset))
+
+
+@pytest.fixture(scope="module")
+def fleet(apiserver: ApiServer) -> Iterator[dict[str, Any]]:
+    """N fabric nodes: healthy, except fleet-1 (tainted an hour ago, RuleMissing), fleet-2
+    (agent silent for 10 min), fleet-3 (no RDMA devices advertised), fleet-4 (no agent at
+    all); and one CPU node without the fabric label."""
+    admin = apiserver.client("admin")
+    core = k8s.CoreV1Api(admin)
+    coord = k8s.CoordinationV1Api(admin)
+    names = [f"fleet-{i}" for i in range(N)]
+    for name in [*names, "cpu-0"]:
+        try:
+            core.delete_node(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    for name in names:
+        bad = name == "fleet-1"
+        core.create_node({  # type: ignore[arg-type]
+            "metadata": {"name": name, "labels": {"fabric": "true"}},
+            "spec": {"taints": [{"key": KEY, "value": "RuleMissing", "effect": "NoSchedule"}]
+                     if bad else []}})
+        count = "0" if name == "fleet-3" else "8"
+        conditions = [{"type": t, "status": "True", "reason": "Fine", "message": "ok",
+                       "lastTransitionTime": stamp(-86400), "lastHeartbeatTime": stamp()}
+                      for t in ("RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady",
+                                "LustreReady")]
+        conditions.append({"type": "FabricReady", "status": "False" if bad else "True",
+                           "reason": "RuleMissing" if bad else "AllConditionsPassed",
+                           "message": "m", "lastTransitionTime": stamp(-3600 if bad else -86400),
+                           "lastHeartbeatTime": stamp()})
+        if bad:
+            conditions[0].update(status="False", reason="RuleMissing")
+        core.patch_node_status(name, {"status": {
+            "capacity": {RESOURCE: count}, "allocatable": {RESOURCE: count},
+            "conditions": conditions}}, _content_type=MERGE)
+        if name == "fleet-4":
+            continue
+        lease_name = f"nodeagent-{name}"
+        try:
+            coord.delete_namespaced_lease(lease_name, LEASES)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        # Plain JSON: the typed client re-serializes MicroTime without its microseconds.
+        call(admin, Counters(), "POST",
+             f"/apis/coordination.k8s.io/v1/namespaces/{LEASES}/leases",
+             {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+              "metadata": {"name": lease_name},
+              "spec": {"holderIdentity": name, "leaseDurationSeconds": 60,
+                       "renewTime": micro(-600 if name == "fleet-2" else -5)}})
+    core.create_node({"metadata": {"name": "cpu-0"}})  # type: ignore[arg-type]
+    yield {"core": core, "coord": coord}
+
+
+def kubeconfig(apiserver: ApiServer, tmp_path: Path, who: str = "admin") -> str:
+    return str(apiserver.kubeconfig(who, tmp_path / f"{who}.kubeconfig"))
+
+
+def test_json_rows_flag_what_needs_attention(apiserver: ApiServer, fleet: dict[str, Any],
+                                            tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "--kubeconfig", kubeconfig(apiserver, tmp_path), "-l", "fabric=true",
+                 "-o", "json"]) == 0
+    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)}
+    assert len(rows) == N and "cpu-0" not in rows
+    assert rows["fleet-1"]["tainted"] and rows["fleet-1"]["taint_reason"] == "RuleMissing"
+    assert rows["fleet-1"]["flags"] == ["taint-old"]
+    assert rows["fleet-1"]["conditions"]["RoCENetworkReady"]["reason"] == "RuleMissing"
+    assert rows["fleet-2"]["flags"] == ["agent-stale"] and rows["fleet-2"]["heartbeat_age"] > 500
+    assert rows["fleet-3"]["flags"] == ["no-rdma"] and rows["fleet-3"]["capacity"] == 0
+    assert rows["fleet-4"]["flags"] == ["no-agent"] and rows["fleet-4"]["heartbeat_age"] is None
+    healthy = rows["fleet-10"]
+    assert (healthy["fabric"], healthy["flags"], healthy["allocatable"]) == ("True", [], 8)
+    assert healthy["heartbeat_age"] < 120
+
+
+def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "--kubeconfig", kubeconfig(apiserver, tmp_path), "-l",
+                 "fabric=true", "-o", "wide"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NODE", "FABRIC", "REASON", "NET", "GID", "PLUGIN", "LUSTRE",
+                                "TRAFFIC", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "FLAGS"]
+    flagged = [line.split()[0] for line in lines[1:5]]
+    assert sorted(flagged) == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
+    row1 = next(line for line in lines if line.startswith("fleet-1 "))
+    assert "False RuleMissing" in row1 and " 60m " in row1 and "8/8" in row1
+
+
+def test_watch_redraws_on_change(apiserver: ApiServer, fleet: dict[str, Any],
+                                 tmp_path: Path) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--kubeconfig", kubeconfig(apiserver, tmp_path), "-l", "fabric=true",
+                         "-w"])
+    out, stop = io.StringIO(), threading.Event()
+    thread = threading.Thread(target=run, args=(args, out, stop), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: "fleet-39" in out.getvalue(), what="the first draw")
+        fleet["core"].patch_node_status("fleet-7", {"status": {"allocatable": {RESOURCE: "0"}}},
+                                        _content_type=MERGE)
+        wait_for(lambda: any(line.startswith("fleet-7 ") and "no-rdma" in line
+                             for line in out.getvalue().splitlines()), what="a redraw")
+    finally:
+        stop.set()
+        thread.join(10)
+        fleet["core"].patch_node_status("fleet-7", {"status": {"allocatable": {RESOURCE: "8"}}},
+                                        _content_type=MERGE)
+    assert not thread.is_alive()
+
+
+def test_without_rights_one_line_and_exit_1(apiserver: ApiServer, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "--kubeconfig", kubeconfig(apiserver, tmp_path, "stranger")]) == 1
+    err = capsys.readouterr().err
+    assert err == "fleet: cannot list nodes and leases: HTTP 403\n"
+
+
+def test_api_server_unreachable_is_one_line(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers import free_port
+
+    path = tmp_path / "kc"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
+                                               "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "x", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    assert main(["fleet", "--kubeconfig", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("fleet: cannot list nodes and leases:")
+
+
+def test_rows_are_pure_and_ages_are_short() -> None:
+    now = time.time()
+    node = {"metadata": {"name": "n"}, "status": {"conditions": []}}
+    rows = fleet_rows([node], [], RESOURCE, KEY, now, 120, 1800)
+    assert rows[0].fabric == "-" and rows[0].flags == ["no-agent", "no-rdma"]
+    assert render_table(rows, now).splitlines()[1].split() == [
+        "n", "-", "-", "-", "-", "-", "0/0", "no-agent,no-rdma"]
