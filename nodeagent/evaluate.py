@@ -16,6 +16,7 @@ from typing import Any
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.gid import gid_finding, rail_entries
+from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
 from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
@@ -31,6 +32,7 @@ from nodeagent.model import (
 )
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
+from nodeagent.probes.hardware import read_fingerprint
 from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
 from nodeagent.remedies.network import Action, execute, plan_rail
@@ -49,6 +51,7 @@ class Report:
     errors: list[str] = field(default_factory=list)
     gid_source: str = "none"
     rails: list[dict[str, Any]] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)  # hardware fingerprint for the Node
 
     @property
     def ok(self) -> bool:
@@ -66,6 +69,7 @@ class Report:
             "errors": list(self.errors),
             "gid_source": self.gid_source,
             "rails": self.rails,
+            "labels": dict(self.labels),
         }
 
 
@@ -217,12 +221,15 @@ class Evaluator:
                     **_counter_fields(self.counters.get(rail.name)),
                 }
             )
+        devices = sorted({c.rdma_device for c in self.counters.values() if c.rdma_device})
+        seen = read_fingerprint(cfg.paths.sysfs, devices, [r.interface for r in cfg.rails])
         return Report(
             node=cfg.resolved_node_name(),
             findings=findings,
             errors=errors,
             gid_source=self.gid_table.source,
             rails=rails,
+            labels=fingerprint_labels(seen),
         )
 
     def _traffic(self) -> Finding:

@@ -23,7 +23,8 @@ from tenacity import (
 
 from nodeagent.config import Kubernetes
 from nodeagent.kubeapi import Counters, call, is_conflict
-from nodeagent.publish.node import CORDON_ANNOTATION, cordon_patch, desired_taints
+from nodeagent.probes.hardware import FINGERPRINT_LABELS
+from nodeagent.publish.node import CORDON_ANNOTATION, cordon_patch, desired_taints, label_patch
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class NodeWriter:
 
     def sync_taint_and_cordon(
         self, taint_value: str | None, cordon: bool, reason: str,
-        node: dict[str, Any] | None = None,
+        node: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
     ) -> list[str]:
         """Make our taint (and cordon) match; returns what changed, for Events.
 
@@ -97,10 +98,17 @@ class NodeWriter:
             if self.cfg.cordon or CORDON_ANNOTATION in annotations:
                 cordon_change = cordon_patch(bool(spec.get("unschedulable")), annotations,
                                              self.cfg.cordon and cordon, reason)
-            if taints is None and cordon_change is None:
+            relabel = (label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, labels)
+                       if labels is not None else {})
+            if taints is None and cordon_change is None and not relabel:
                 return []
             body: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
             changed: list[str] = []
+            if relabel:
+                body["metadata"]["labels"] = relabel
+                changed.append("labels " + ", ".join(
+                    f"{k}={v}" if v is not None else f"{k} removed"
+                    for k, v in sorted(relabel.items())))
             if taints is not None:
                 body["spec"] = {"taints": taints}
                 changed.append(

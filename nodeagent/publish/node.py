@@ -33,6 +33,18 @@ def taint_value(reason: str) -> str:
     return value.strip("._-") or "FabricNotReady"
 
 
+def label_patch(current: Mapping[str, str], ours: Iterable[str],
+                desired: Mapping[str, str]) -> dict[str, str | None]:
+    """The merge-patch labels that make our labels (`ours`) match `desired`; {} if they do.
+    None deletes a label we set that no longer applies; other labels are never touched."""
+    patch: dict[str, str | None] = {}
+    for key in ours:
+        want = desired.get(key)
+        if current.get(key) != want:
+            patch[key] = want
+    return patch
+
+
 def condition_updates(
     existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float
 ) -> list[dict[str, Any]]:

@@ -134,7 +134,7 @@ class Publisher(threading.Thread):
             # The local loop resubmits an unchanged report every resync: that costs nothing
             # here. A change, or the periodic reconcile, reads and writes the Node.
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
-                   want)
+                   want, tuple(sorted(report.labels.items())))
             if reconcile or key != self._applied or tainted != before:
                 self._sync_node(report, tainted)
                 self._applied = key
@@ -165,9 +165,13 @@ class Publisher(threading.Thread):
                              f"{f.type}={f.status} ({f.reason}): {f.message}", not f.ok)
                 self._published[f.type] = (f.status, f.reason)
         value = taint_value(self.gate.reason) if tainted else None
-        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node)
+        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node,
+                                               report.labels)
         for change in changes:
-            writer.event(uid, "FabricTaint", f"{change} ({self.gate.reason})", tainted)
+            if change.startswith("labels "):
+                writer.event(uid, "HardwareFingerprint", change, False)
+            else:
+                writer.event(uid, "FabricTaint", f"{change} ({self.gate.reason})", tainted)
             log.info("node %s: %s", writer.node, change)
         self.state.tainted = tainted
         self.state.taint_reason = self.gate.reason

@@ -380,3 +380,46 @@ def test_bound_service_account_token_is_limited_to_its_node(
     assert our_taint(core, a) == mine
     assert "may only change its own Node" in forbidden(
         lambda: sa.patch_node(b, {"spec": {"taints": [mine]}}, _content_type=MERGE))
+
+
+def test_hardware_fingerprint_labels_follow_the_hardware(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    """Set when seen, changed when they change, removed when gone; labels of others (and
+    other nodeagent.io/ labels) untouched; an unchanged fingerprint writes nothing."""
+    node = fresh_node("node-a")
+    core.patch_node(node, {"metadata": {"labels": {"team": "ml", "nodeagent.io/pool": "a"}}},
+                    _content_type=MERGE)
+    pub = publisher(node, lease_period=3600.0)  # no heartbeat writes in the way
+    labels = {"nodeagent.io/rdma-hca-type": "MT4129", "nodeagent.io/rdma-fw-version":
+              "28.39.1002", "nodeagent.io/rdma-driver": "mlx5_core"}
+
+    def node_labels() -> dict[str, str]:
+        found: dict[str, str] = node_json(core, node)["metadata"].get("labels") or {}
+        return found
+
+    first = report(node)
+    first.labels = dict(labels)
+    pub.submit(first)
+    wait_for(lambda: all(node_labels().get(k) == v for k, v in labels.items()), what="labels")
+    wait_for(lambda: our_taint(core, node) is None, what="the boot taint lifted")
+    time.sleep(0.5)
+    writes = pub.status()["writes"]
+    for _ in range(3):
+        again = report(node)
+        again.labels = dict(labels)
+        pub.submit(again)
+    time.sleep(1.0)
+    assert pub.status()["writes"] == writes, "an unchanged fingerprint writes nothing"
+    upgraded = report(node)
+    upgraded.labels = {**labels, "nodeagent.io/rdma-fw-version": "28.40.1000"}
+    del upgraded.labels["nodeagent.io/rdma-driver"]
+    pub.submit(upgraded)
+    wait_for(lambda: node_labels().get("nodeagent.io/rdma-fw-version") == "28.40.1000",
+             what="the firmware upgrade")
+    got = node_labels()
+    assert "nodeagent.io/rdma-driver" not in got
+    assert got["team"] == "ml" and got["nodeagent.io/pool"] == "a"
+    assert any(e.reason == "HardwareFingerprint" and "28.40.1000" in e.message
+               for e in events(core, node))

@@ -1,0 +1,42 @@
+"""The RDMA hardware fingerprint of this host, from sysfs. Read-only.
+
+Node labels under the agent's own prefix say which HCA model, firmware and driver a node
+has, so a rollout can target the hardware variants that staging lacks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LABEL_PREFIX = "nodeagent.io/"
+HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER = (f"{LABEL_PREFIX}rdma-{k}" for k in (
+    "hca-type", "fw-version", "board-id", "driver"))
+FINGERPRINT_LABELS = (HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER)
+
+
+def _text(path: Path) -> str | None:
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
+def read_fingerprint(sysfs: Path, devices: list[str], netdevs: list[str]) -> dict[str, set[str]]:
+    """Label -> the values seen on the rails' RDMA devices and netdevs."""
+    seen: dict[str, set[str]] = {k: set() for k in FINGERPRINT_LABELS}
+    for dev in devices:
+        base = sysfs / "class" / "infiniband" / dev
+        for label, name in ((HCA_TYPE, "hca_type"), (FW_VERSION, "fw_ver"),
+                            (BOARD_ID, "board_id")):
+            value = _text(base / name)
+            if value:
+                seen[label].add(value)
+    for ifname in netdevs:
+        try:
+            driver = os.readlink(sysfs / "class" / "net" / ifname / "device" / "driver")
+        except OSError:
+            continue  # a virtual netdev has no device
+        seen[DRIVER].add(os.path.basename(driver))
+    return seen
