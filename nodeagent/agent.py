@@ -33,11 +33,13 @@ from nodeagent.config import Config, ConfigError
 from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
 from nodeagent.evaluate import Evaluator, Report
 from nodeagent.lustre import LustreMonitor
+from nodeagent.model import FABRIC_READY
 from nodeagent.probes.netlink import link_from_msg
 from nodeagent.publish.metrics import AgentMetrics, serve
 from nodeagent.publish.node import rfc3339
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
+from nodeagent.systemd import CONDITION, REASON, Notifier
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,15 @@ class NetlinkMonitor(threading.Thread):
                 self.out.put(Work("event", msg))
 
 
+def summary(report: Report) -> str:
+    """One line for `systemctl status` (STATUS=)."""
+    fabric = next((f for f in report.findings if f.type == FABRIC_READY), None)
+    rails = len(report.rails)
+    if fabric is None or fabric.ok:
+        return f"fabric ready: {rails} rail(s), every condition True"
+    return f"FABRIC NOT READY ({fabric.reason}): {fabric.message}"[:200]
+
+
 class Agent:
     def __init__(
         self,
@@ -114,6 +125,7 @@ class Agent:
         self.lustre_monitor: LustreMonitor | None = None
         self.plugin_monitor: DevicePluginMonitor | None = None
         self.metrics: AgentMetrics | None = None
+        self.notifier = Notifier()
         self._metrics_server: Any = None
         self.since: dict[str, tuple[str, float]] = {}  # condition -> (status, since, wall)
         self.repair_counts: dict[str, dict[str, int]] = {}  # rail -> action kind -> count
@@ -258,6 +270,9 @@ class Agent:
             if status != c["status"]:
                 since = wall
                 self.since[c["type"]] = (c["status"], since)
+                log.log(logging.INFO if c["status"] == "True" else logging.WARNING,
+                        "%s=%s (%s): %s", c["type"], c["status"], c["reason"], c["message"],
+                        extra={CONDITION: c["type"], REASON: c["reason"]})
             c["since"] = rfc3339(since)
         for rail in data["rails"]:
             tracker = self.flaps.get(rail["name"])
@@ -280,6 +295,8 @@ class Agent:
             data["kubernetes"] = self.publisher.status()
         if self.metrics is not None:
             self.metrics.update(data, {t: s for t, (_, s) in self.since.items()})
+        if state == "running":
+            self.notifier.status(summary(report))
         try:
             write_status(self.cfg.runtime_dir, data, daemon)
         except OSError as exc:
@@ -365,14 +382,22 @@ class Agent:
             self._start_plugin_monitor()
             first = self.run_pass(None)
             log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
+            # Ordering on this unit means the fabric has been checked once.
+            self.notifier.ready(summary(first))
             next_resync = self.clock() + self.cfg.resync_interval
             while not self._stopping:
+                self.notifier.ping()  # the loop came round: it is not wedged
                 wake = self.next_verdict_change()
                 deadline = next_resync if wake is None else min(next_resync, wake)
+                timeout = max(0.0, deadline - self.clock())
+                if self.notifier.ping_every is not None:
+                    timeout = min(timeout, self.notifier.ping_every)
                 try:
-                    item: Work | None = self.work.get(timeout=max(0.0, deadline - self.clock()))
+                    item: Work | None = self.work.get(timeout=timeout)
                 except queue.Empty:
                     item = None
+                    if self.clock() < deadline:
+                        continue  # woke only to ping the watchdog
                 full = item is None and self.clock() >= next_resync
                 rails: set[str] = set()
                 status_only = judge_only = False
@@ -417,6 +442,7 @@ class Agent:
                 elif status_only and self.last_report is not None:
                     self._publish(self.last_report)  # the Kubernetes side changed
             # SIGTERM: the current step is done; leave a status that says we stopped.
+            self.notifier.stopping()
             if self.last_report is not None:
                 self._publish(self.last_report, state="stopped")
         if self.publisher is not None:

@@ -127,12 +127,9 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from nodeagent.agent import Agent
+    from nodeagent.systemd import setup_logging
 
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="nodeagent %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.log_level)  # the journal with structured fields under systemd
     path = args.config or default_config_path()
     cfg = load_config(path)
     agent = Agent(cfg, reload=lambda: load_config(path))

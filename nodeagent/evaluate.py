@@ -37,6 +37,7 @@ from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.state import load_pins, save_pins
+from nodeagent.systemd import RAIL
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class Evaluator:
             if done:
                 out.done[name] = done
                 for a in done:
-                    log.info("repaired %s", a.text)
+                    log.info("repaired %s", a.text, extra={RAIL: name})
         if out.done and not dry_run:
             self._observe(self.rails[n] for n in out.done)
         return out

@@ -83,7 +83,8 @@ class Netns:
     def nodeagent(self, *args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         return self.exec(PYTHON, "-m", "nodeagent", *args, check=check)
 
-    def start_daemon(self, config: Path, *extra: str) -> subprocess.Popen[str]:
+    def start_daemon(self, config: Path, *extra: str,
+                     env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         # Log to a file, not a pipe: a pipe nobody drains would block the daemon.
         log_path = config.with_suffix(f".{len(self.daemons)}.log")
         with open(log_path, "w") as log:
@@ -91,6 +92,7 @@ class Netns:
                 ["ip", "netns", "exec", self.name, PYTHON, "-m", "nodeagent", "run",
                  "--config", str(config), *extra],
                 text=True, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
             )
         proc.log_path = log_path  # type: ignore[attr-defined]
         self.daemons.append(proc)
