@@ -1,0 +1,110 @@
+"""What the lab scenarios do in the guest: GID tables, QP holders, network managers, the
+agent as its systemd service."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from vm import VM
+
+RAILS = [
+    {"name": "rail0", "interface": "ens4", "address": "10.10.0.5/24", "table": 100,
+     "rule_priority": 1000, "rdma_device": "rxe0"},
+    {"name": "rail1", "interface": "ens5", "address": "10.11.0.5/24", "table": 101,
+     "rule_priority": 1001, "rdma_device": "rxe1"},
+]
+VENV = "/opt/nodeagent/venv/bin"
+
+
+def wait(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def sysfs_gids(vm: VM, device: str) -> dict[int, str]:
+    """Non-zero GIDs of port 1 by index, read from sysfs in the guest."""
+    out = vm.ssh(f"cd /sys/class/infiniband/{device}/ports/1/gids && grep -H . *").stdout
+    table = {}
+    for line in out.splitlines():
+        index, _, gid = line.partition(":")
+        if gid.strip() and set(gid.replace(":", "").strip()) != {"0"}:
+            table[int(index)] = gid.strip()
+    return table
+
+
+def ipv4_gid_index(vm: VM, device: str, address: str) -> int | None:
+    hexes = "".join(f"{int(o):02x}" for o in address.split("."))
+    want = f"0000:0000:0000:0000:0000:ffff:{hexes[:4]}:{hexes[4:]}"
+    return next((i for i, g in sysfs_gids(vm, device).items() if g == want), None)
+
+
+def pyverbs_and_sysfs(vm: VM) -> tuple[list[Any], list[Any]]:
+    """The agent's own readers, both, in the guest: (pyverbs entries, sysfs entries)."""
+    code = ("import json; from pathlib import Path; from nodeagent.probes.gid import "
+            "read_gid_table as r; "
+            "f=lambda s: sorted([e.device, e.port, e.index, e.gid, e.gid_type.value, e.ndev] "
+            "for e in r(s, Path('/sys')).entries); "
+            "print(json.dumps([f('pyverbs'), f('sysfs')]))")
+    got = json.loads(vm.ssh(f'{VENV}/python -c "{code}"').stdout)
+    return got[0], got[1]
+
+
+def hold_qp(vm: VM, device: str, gid_index: int) -> None:
+    """A live RC QP pair on the GID (guest/qp_holder.py), until pkill."""
+    vm.ssh(f"nohup python3 /root/guest/qp_holder.py {device} {gid_index} "
+           f"> /root/holder-{device}.log 2>&1 &")
+    wait(lambda: "ready" in vm.ssh(f"cat /root/holder-{device}.log").stdout, 30,
+         "the QP holder in RTS")
+
+
+def nm_static(vm: VM, ifname: str, address: str, extra: str = "") -> None:
+    """NetworkManager manages `ifname` with a static IPv4 profile."""
+    name = f"rail-{ifname}"
+    vm.ssh(f"cat > /etc/NetworkManager/system-connections/{name}.nmconnection <<'EOF'\n"
+           f"[connection]\nid={name}\ntype=ethernet\ninterface-name={ifname}\n\n"
+           f"[ipv4]\nmethod=manual\naddress1={address}\n\n[ipv6]\nmethod=ignore\nEOF\n"
+           f"chmod 600 /etc/NetworkManager/system-connections/{name}.nmconnection")
+    if extra:
+        vm.write("/etc/NetworkManager/conf.d/20-rails.conf", extra)
+        vm.ssh("systemctl reload NetworkManager")
+    vm.ssh(f"nmcli device set {ifname} managed yes; nmcli connection reload; "
+           f"nmcli connection up {name}")
+
+
+def addresses(vm: VM, ifname: str) -> list[str]:
+    data = json.loads(vm.ssh(f"ip -j -4 addr show dev {ifname}").stdout or "[]")
+    return [f"{a['local']}/{a['prefixlen']}" for d in data for a in d.get("addr_info", [])]
+
+
+def rule_priorities(vm: VM) -> set[int]:
+    return {r.get("priority") for r in json.loads(vm.ssh("ip -j rule show").stdout)}
+
+
+def start_agent(vm: VM, **extra: Any) -> None:
+    """The agent as its systemd service, configured for both rails."""
+    cfg = {"node_name": "lab", "rails": RAILS, "gid_source": "pyverbs",
+           "resync_interval": "30s", **extra}
+    vm.write("/etc/nodeagent/config.yaml", yaml.safe_dump(cfg))
+    vm.ssh("systemctl start nodeagent", timeout=180)
+
+
+def status(vm: VM) -> dict[str, Any]:
+    res = vm.ssh(f"{VENV}/nodeagent status --json", check=False)
+    return json.loads(res.stdout) if res.stdout.strip() else {}
+
+
+def condition(vm: VM, ctype: str) -> tuple[str, str]:
+    for c in status(vm).get("conditions", []):
+        if c["type"] == ctype:
+            return c["status"], c["reason"]
+    return "", ""

@@ -1,0 +1,280 @@
+"""The fabric lab: a Debian bookworm guest with soft-RoCE (rdma_rxe), systemd, NetworkManager
+and systemd-networkd, booted with qemu, driven over ssh, with true carrier loss through the
+QEMU monitor (`set_link`).
+
+The image is built from Debian packages only (debootstrap) into `.cache/lab/<recipe hash>/`
+and rebuilt only when the recipe below changes. Each boot runs on a throwaway qcow2 overlay.
+KVM is used when a guest really boots with it; on machines where it hangs early the boot
+times out quickly and TCG takes over.
+
+NICs: ens3 is management (user-mode network, ssh forwarded to a loopback port); ens4 and
+ens5 are the rails, wired to each other with a qemu socket pair (`rail0`/`rail1` for
+set_link).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "lab"
+MIRROR = "http://deb.debian.org/debian"
+PACKAGES = [
+    "linux-image-amd64", "systemd-sysv", "udev", "kmod", "iproute2", "rdma-core",
+    "ibverbs-providers", "ibverbs-utils", "python3", "python3-venv", "python3-pyverbs",
+    "python3-systemd", "network-manager", "dbus", "libpam-systemd", "openssh-server",
+]
+MGMT_MAC = "52:54:00:00:00:01"
+RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02"}
+# Run in the guest root at build time (chroot): the whole configuration of the image.
+CONFIGURE = f"""
+set -e
+echo lab > /etc/hostname
+printf '127.0.0.1 localhost\\n127.0.1.1 lab\\n' > /etc/hosts
+echo '/dev/vda / ext4 defaults 0 1' > /etc/fstab
+passwd -d root >/dev/null
+mkdir -p /etc/systemd/network /etc/NetworkManager/conf.d
+printf '[Match]\\nMACAddress={MGMT_MAC}\\n\\n[Network]\\nDHCP=ipv4\\n' \\
+    > /etc/systemd/network/10-mgmt.network
+# NetworkManager leaves management alone and makes no profile by itself: a scenario that
+# wants NM on a rail writes its own.
+printf '[main]\\nno-auto-default=*\\n\\n[keyfile]\\nunmanaged-devices=mac:{MGMT_MAC}\\n' \\
+    > /etc/NetworkManager/conf.d/10-lab.conf
+systemctl enable systemd-networkd ssh >/dev/null 2>&1
+systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer \\
+    >/dev/null 2>&1
+echo rdma_rxe > /etc/modules-load.d/rxe.conf
+"""
+
+
+def recipe_hash() -> str:
+    h = hashlib.sha256()
+    h.update("\n".join(PACKAGES).encode())
+    h.update(CONFIGURE.encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Image:
+    dir: Path
+
+    @property
+    def disk(self) -> Path:
+        return self.dir / "base.img"
+
+    @property
+    def key(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def kernel(self) -> Path:
+        return self.dir / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.dir / "initrd.img"
+
+
+def _run(*args: str, timeout: float = 1800, **kw: object) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} ... failed ({res.returncode}):\n"
+                           f"{(res.stdout + res.stderr)[-3000:]}")
+    return res  # type: ignore[no-any-return]
+
+
+def build_image() -> Image:
+    """The cached image for the current recipe, built if missing (about 2 min cold)."""
+    image = Image(CACHE / recipe_hash())
+    if image.disk.exists():
+        return image
+    for tool in ("debootstrap", "mke2fs", "qemu-img", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"{tool} missing: tools/bootstrap installs the lab's packages")
+    tmp = CACHE / f"build-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    root = tmp / "root"
+    root.mkdir(parents=True)
+    try:
+        _run("debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
+             "bookworm", str(root), MIRROR)
+        _run("chroot", str(root), "/bin/sh", "-c", CONFIGURE)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / "id_ed25519"))
+        ssh_dir = root / "root" / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text((tmp / "id_ed25519.pub").read_text())
+        (ssh_dir / "authorized_keys").chmod(0o600)
+        boot = root / "boot"
+        shutil.copy(next(boot.glob("vmlinuz-*")), tmp / "vmlinuz")
+        shutil.copy(next(boot.glob("initrd.img-*")), tmp / "initrd.img")
+        _run("mke2fs", "-q", "-t", "ext4", "-d", str(root), "-L", "labroot",
+             str(tmp / "base.img"), "3G")
+        shutil.rmtree(root)
+        tmp.rename(image.dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return image
+
+
+def wheelhouse() -> Path:
+    """The agent as a wheel from this checkout, with its dependencies' wheels."""
+    deps = CACHE / ("wheels-" + hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+                    .hexdigest()[:16])
+    if not deps.exists():
+        tmp = deps.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _run(str(ROOT / ".venv" / "bin" / "pip"), "download", "-q", "-d", str(tmp), str(ROOT))
+        tmp.rename(deps)
+    for old in deps.glob("nodeagent-*"):
+        old.unlink()
+    _run(str(ROOT / ".venv" / "bin" / "pip"), "wheel", "-q", "--no-deps", "-w", str(deps),
+         str(ROOT))
+    return deps
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class VM:
+    image: Image
+    workdir: Path
+    accel: str = "tcg"
+    proc: subprocess.Popen[bytes] | None = None
+    ssh_port: int = 0
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def monitor_path(self) -> Path:
+        return self.workdir / "monitor.sock"
+
+    def start(self, timeout: float) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        overlay = self.workdir / "overlay.qcow2"
+        overlay.unlink(missing_ok=True)
+        _run("qemu-img", "create", "-q", "-f", "qcow2", "-b", str(self.image.disk), "-F",
+             "raw", str(overlay))
+        self.ssh_port, wire = _free_port(), _free_port()
+        accel = ["-accel", "kvm"] if self.accel == "kvm" else ["-accel", "tcg,tb-size=128"]
+        args = [
+            "qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-display", "none",
+            "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
+            "-append", "root=/dev/vda rw console=ttyS0",
+            "-drive", f"file={overlay},if=virtio,format=qcow2",
+            "-netdev", f"user,id=mgmt,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
+            "-device", f"virtio-net-pci,netdev=mgmt,mac={MGMT_MAC}",
+            "-netdev", f"socket,id=rail0,listen=127.0.0.1:{wire}",
+            "-device", f"virtio-net-pci,netdev=rail0,mac={RAIL_MACS['rail0']}",
+            "-netdev", f"socket,id=rail1,connect=127.0.0.1:{wire}",
+            "-device", f"virtio-net-pci,netdev=rail1,mac={RAIL_MACS['rail1']}",
+            "-monitor", f"unix:{self.monitor_path},server,nowait",
+            "-serial", f"file:{self.workdir / 'console.log'}",
+        ]
+        with open(self.workdir / "qemu.log", "wb") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"qemu exited {self.proc.returncode}: "
+                                   + (self.workdir / "qemu.log").read_text()[-2000:])
+            if self.ssh("systemctl is-system-running --wait", check=False,
+                        timeout=15).returncode in (0, 1):  # running or degraded: booted
+                return
+            time.sleep(1)
+        self.kill()
+        raise TimeoutError(f"guest ({self.accel}) not reachable over ssh within {timeout:.0f}s;"
+                           f" console:\n{self.console()[-1500:]}")
+
+    def console(self) -> str:
+        try:
+            return (self.workdir / "console.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def ssh(self, command: str, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        args = ["ssh", "-q", "-i", str(self.image.key), "-p", str(self.ssh_port),
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "root@127.0.0.1", command]
+        try:
+            res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            if check:
+                raise RuntimeError(f"guest command timed out after {timeout}s: {command}") \
+                    from exc
+            return subprocess.CompletedProcess(args, 255, "", "timeout")
+        if check and res.returncode != 0:
+            raise RuntimeError(f"guest command failed ({res.returncode}): {command}\n"
+                               f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
+        return res
+
+    def put(self, local: Path, remote: str) -> None:
+        _run("scp", "-q", "-r", "-i", str(self.image.key), "-P", str(self.ssh_port),
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+             str(local), f"root@127.0.0.1:{remote}")
+
+    def write(self, remote: str, text: str) -> None:
+        self.ssh(f"mkdir -p {shlex.quote(str(Path(remote).parent))} && "
+                 f"cat > {shlex.quote(remote)} <<'LAB_EOF'\n{text}\nLAB_EOF")
+
+    def monitor(self, command: str) -> str:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(self.monitor_path))
+            s.recv(4096)  # banner and prompt
+            s.sendall(command.encode() + b"\n")
+            time.sleep(0.2)
+            return s.recv(4096).decode(errors="replace")
+
+    def set_link(self, rail: str, up: bool) -> None:
+        """True carrier loss (or return) on the guest NIC of `rail` (rail0: ens4, rail1: ens5)."""
+        self.monitor(f"set_link {rail} {'on' if up else 'off'}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def accelerator(image: Image, workdir: Path) -> str:
+    """kvm if a guest really boots with it on this host, else tcg. Probed once per host
+    kernel and qemu build, the verdict kept in the cache (a hanging probe costs 45 s)."""
+    qemu = _run("qemu-system-x86_64", "--version").stdout.splitlines()[0]
+    key = hashlib.sha256(f"{os.uname().release} {qemu}".encode()).hexdigest()[:16]
+    cached = CACHE / f"accel-{key}"
+    if cached.exists():
+        return cached.read_text().strip()
+    verdict = "tcg"
+    if os.path.exists("/dev/kvm"):
+        probe = VM(image, workdir / "kvm-probe", accel="kvm")
+        try:
+            probe.start(timeout=45)
+            verdict = "kvm"
+        except (TimeoutError, RuntimeError):
+            pass
+        finally:
+            probe.kill()
+    cached.write_text(verdict + "\n")
+    return verdict
+
+
+def boot(image: Image, workdir: Path) -> VM:
+    """A running guest, with KVM when it works here, else TCG."""
+    vm = VM(image, workdir / "vm", accel=accelerator(image, workdir))
+    try:
+        vm.start(timeout=300)
+    except BaseException:
+        vm.kill()
+        raise
+    return vm
