@@ -52,7 +52,7 @@ def reset(vm: VM) -> None:
     for rail in ("rail0", "rail1"):
         vm.set_link(rail, True)
     vm.ssh("systemctl stop nodeagent 2>/dev/null; systemctl reset-failed nodeagent "
-           "2>/dev/null; pkill -f qp_holder; "
+           "2>/dev/null; pkill -f '/root/guest/[q]p_holder'; "
            "rm -f /etc/NetworkManager/system-connections/rail* "
            "/etc/NetworkManager/conf.d/20-rails.conf /etc/systemd/network/20-rail* "
            "/etc/systemd/networkd.conf.d/*.conf; nmcli connection reload; "

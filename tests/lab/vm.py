@@ -207,13 +207,19 @@ class VM:
         args = ["ssh", "-q", "-i", str(self.image.key), "-p", str(self.ssh_port),
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                 "-o", "ConnectTimeout=5", "-o", "BatchMode=yes", "root@127.0.0.1", command]
-        try:
-            res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            if check:
-                raise RuntimeError(f"guest command timed out after {timeout}s: {command}") \
-                    from exc
-            return subprocess.CompletedProcess(args, 255, "", "timeout")
+        for attempt in range(6):
+            try:
+                res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                if check:
+                    raise RuntimeError(f"guest command timed out after {timeout}s: "
+                                       f"{command}") from exc
+                return subprocess.CompletedProcess(args, 255, "", "timeout")
+            # 255 with no output: ssh could not connect (e.g. networkd restarting the
+            # management link): the command did not run, so it is safe to try again.
+            if res.returncode != 255 or res.stdout or attempt == 5:
+                break
+            time.sleep(2)
         if check and res.returncode != 0:
             raise RuntimeError(f"guest command failed ({res.returncode}): {command}\n"
                                f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
