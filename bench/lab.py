@@ -44,7 +44,9 @@ def main() -> None:
                "netdev ens5")
         print(f"agent install: {time.perf_counter() - t:.1f} s")
         t = time.perf_counter()
-        start_agent(vm)
+        # Deleting the same address 100 times is what the repair guard exists to stop
+        # (ManagedElsewhere): lift it for the measurement, as bench/repair_latency.py does.
+        start_agent(vm, repair_guard={"max_repairs": 1_000_000})
         print(f"systemctl start (READY after the first pass): {time.perf_counter() - t:.1f} s")
         wait(lambda: addresses(vm, "ens4") == ["10.10.0.5/24"], 10, "the rail")
         print(vm.ssh(f"/opt/nodeagent/venv/bin/python /root/guest/repair_latency.py ens4 "

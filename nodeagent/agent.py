@@ -127,7 +127,7 @@ class Agent:
         self.metrics: AgentMetrics | None = None
         self.notifier = Notifier()
         self._metrics_server: Any = None
-        self.since: dict[str, tuple[str, float]] = {}  # condition -> (status, since, wall)
+        self.since: dict[str, tuple[str, float]] = {}  # condition -> (status, since: wall clock)
         self.repair_counts: dict[str, dict[str, int]] = {}  # rail -> action kind -> count
         self.evaluator: Evaluator  # made in run(), once the netlink socket is open
         self._configure(cfg)

@@ -17,6 +17,8 @@ with IPRoute() as ipr, IPRoute() as events:
         ipr.addr("del", index=index, address=address, prefixlen=prefix)
         done = False
         while not done:
+            if time.perf_counter() - start > 10:
+                sys.exit(f"{address} not restored within 10 s")
             for msg in events.get():
                 if (msg.get("event") == "RTM_NEWADDR" and msg.get("index") == index
                         and msg.get_attr("IFA_ADDRESS") == address):
