@@ -57,6 +57,7 @@ def agent_config(tmp_path: Path) -> dict[str, Any]:
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     """The real docker-registry (TLS, token auth) with the plugin's test images:
     `rdma/dp:multi` (linux/amd64 + linux/arm64/v8), `rdma/dp:arm64` (one arm64 manifest),
+    `rdma/dp:no-amd64` (an index of linux/arm64/v8 + linux/ppc64le),
     `rdma/dp:amd64` (one amd64 Docker v2 manifest), `public/dp:1` (anonymous pull)."""
     reg = start_registry(tmp_path_factory.mktemp("registry"))
     try:
@@ -64,6 +65,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
             "multi": reg.push_index("rdma/dp", "multi", [("linux", "amd64", ""),
                                                         ("linux", "arm64", "v8")]),
             "arm64": reg.push_single("rdma/dp", "arm64", "linux", "arm64"),
+            "no-amd64": reg.push_index("rdma/dp", "no-amd64", [("linux", "arm64", "v8"),
+                                                               ("linux", "ppc64le", "")]),
             "amd64": reg.push_single("rdma/dp", "amd64", "linux", "amd64",
                                      media_type=DOCKER_MANIFEST),
             "public": reg.push_single("public/dp", "1", "linux", "amd64"),

@@ -240,6 +240,14 @@ def test_registry_says_the_image_cannot_run_here(apiserver: ApiServer, plugin: d
             "linux/amd64: it cannot run here") in f.message
 
 
+def test_index_without_the_node_platform(apiserver: ApiServer, plugin: dict[str, Any],
+                                        registry: Registry, tmp_path: Path) -> None:
+    amd64_node(plugin["core"])
+    make_pod(plugin, *runs(registry, "no-amd64", is_ready=False))
+    f = full_judge(apiserver, tmp_path, pull_secret(registry, tmp_path))
+    assert "is built for linux/arm64/v8, linux/ppc64le; this node is linux/amd64" in f.message
+
+
 def test_multi_arch_image_is_verified(apiserver: ApiServer, plugin: dict[str, Any],
                                       registry: Registry, tmp_path: Path) -> None:
     amd64_node(plugin["core"])

@@ -148,6 +148,13 @@ def manifest_reply(req: Handler, body: Any, media_type: str = OCI_MANIFEST) -> N
     reply(req, 200, json.dumps(body).encode(), {"Content-Type": media_type})
 
 
+def test_a_server_error_is_an_error_not_a_verdict(hostile: Hostile) -> None:
+    hostile.route = lambda req: reply(req, 500, b"internal error")
+    found = hostile.client().image_platforms(f"{hostile.host}/a/b:1")
+    assert (found.platforms, found.error) == (
+        (), f"{hostile.host}/a/b:1: GET /v2/a/b/manifests/1 answered HTTP 500")
+
+
 def test_a_reply_larger_than_the_bound_is_refused(hostile: Hostile) -> None:
     hostile.route = lambda req: reply(req, 200, b"x" * 5000)
     found = hostile.client(max_bytes=4096).image_platforms(f"{hostile.host}/a/b:1")
