@@ -65,7 +65,7 @@ def plugin_pods(pods: list[dict[str, Any]], dp: DevicePlugin) -> list[dict[str, 
 
 
 class WatchedCollection(threading.Thread):
-    """One collection (a namespace's pods on this node, one DaemonSet, this Node) kept
+    """One collection (the pods on this node, one DaemonSet, this Node, Leases) kept
     current by a list and then watches that resume from the last resourceVersion: in steady
     state no list at all, one watch request per `renew` seconds. `on_change` is called after
     every change and every connectivity change, from this thread."""
