@@ -16,9 +16,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any
 
+from nodeagent.kubefields import quantity, timestamp
 from nodeagent.model import (
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
@@ -49,22 +49,6 @@ class FleetRow:
     flags: list[str] = field(default_factory=list)
 
 
-def _time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _int(value: Any) -> int:
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return 0
-
-
 def fleet_rows(nodes: Iterable[Mapping[str, Any]], leases: Iterable[Mapping[str, Any]],
                resource: str, taint_key: str, now: float, stale_after: float,
                taint_older: float) -> list[FleetRow]:
@@ -72,7 +56,7 @@ def fleet_rows(nodes: Iterable[Mapping[str, Any]], leases: Iterable[Mapping[str,
     for lease in leases:
         name = lease.get("metadata", {}).get("name", "")
         if name.startswith("nodeagent-"):
-            renewed[name[len("nodeagent-"):]] = _time(lease.get("spec", {}).get("renewTime"))
+            renewed[name[len("nodeagent-"):]] = timestamp(lease.get("spec", {}).get("renewTime"))
     rows = []
     for node in nodes:
         name = node.get("metadata", {}).get("name", "")
@@ -90,13 +74,13 @@ def fleet_rows(nodes: Iterable[Mapping[str, Any]], leases: Iterable[Mapping[str,
                         for t, c in conds.items() if t in (*COLUMNS, FABRIC_READY)},
             tainted=taint is not None, taint_reason=(taint or {}).get("value", ""),
             since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
-            capacity=_int((status.get("capacity") or {}).get(resource)),
-            allocatable=_int((status.get("allocatable") or {}).get(resource)))
+            capacity=quantity((status.get("capacity") or {}).get(resource)),
+            allocatable=quantity((status.get("allocatable") or {}).get(resource)))
         if row.heartbeat_age is None or row.heartbeat_age > stale_after:
             row.flags.append("agent-stale" if renew is not None else "no-agent")
         if row.capacity == 0 or row.allocatable == 0:
             row.flags.append("no-rdma")
-        changed = _time(since)
+        changed = timestamp(since)
         if row.tainted and changed is not None and now - changed > taint_older:
             row.flags.append("taint-old")
         rows.append(row)
@@ -122,7 +106,7 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
     head.append("FLAGS")
     lines = [head]
     for r in rows:
-        since = _time(r.since)
+        since = timestamp(r.since)
         line = [r.node, r.fabric, r.reason or "-",
                 r.taint_reason if r.tainted else "-",
                 _age(None if since is None else now - since), _age(r.heartbeat_age),

@@ -9,10 +9,10 @@ the node advertises the RDMA resource.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Set
-from datetime import datetime
 from typing import Any
 
 from nodeagent.config import Config
+from nodeagent.kubefields import quantity, timestamp
 from nodeagent.model import (
     RDMA_DEVICE_PLUGIN_READY,
     ConditionStatus,
@@ -50,23 +50,6 @@ def toleration_problem(daemonset: Mapping[str, Any], key: str, effect: str) -> s
     return (f"daemonset {meta.get('namespace')}/{meta.get('name')} does not tolerate the fabric "
             f"taint {key}:{effect} (needs operator: Exists): while the node is tainted the "
             "plugin cannot run, so the node can never recover")
-
-
-def _time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _quantity(value: Any) -> int:
-    """Extended resources are plain integers ('8'); anything else counts as 0."""
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return 0
 
 
 # uname machine -> OCI architecture and variant
@@ -158,8 +141,8 @@ def pod_problem(pod: Mapping[str, Any], seen_ready: Set[str]) -> tuple[str, str]
                     f"{term.get('exitCode', '?')} at {term.get('finishedAt', '?')}")
     ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"),
                       None)
-    created = _time(meta.get("creationTimestamp"))
-    changed = _time((ready_cond or {}).get("lastTransitionTime"))
+    created = timestamp(meta.get("creationTimestamp"))
+    changed = timestamp((ready_cond or {}).get("lastTransitionTime"))
     if meta.get("uid") not in seen_ready and (
         created is None or changed is None or changed - created <= NEVER_READY_WINDOW
     ):
@@ -208,8 +191,8 @@ def device_plugin_finding(
     image_problems, notes = image_facts(obs.images, node_platform(obs.node, obs.machine))
     problems.extend(image_problems)
     node_status = (obs.node or {}).get("status", {})
-    allocatable = _quantity((node_status.get("allocatable") or {}).get(dp.resource))
-    capacity = _quantity((node_status.get("capacity") or {}).get(dp.resource))
+    allocatable = quantity((node_status.get("allocatable") or {}).get(dp.resource))
+    capacity = quantity((node_status.get("capacity") or {}).get(dp.resource))
     if min(allocatable, capacity) < dp.min_allocatable or allocatable == 0:
         problems.append(("ResourceNotAdvertised",
                          f"{dp.resource}: allocatable {allocatable}, capacity {capacity}, "

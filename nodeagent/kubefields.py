@@ -1,0 +1,24 @@
+"""Reading Kubernetes field values from plain API JSON. Pure."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+
+def timestamp(text: str | None) -> float | None:
+    """An RFC 3339 time (metav1.Time or MicroTime) as Unix seconds; None if absent or bad."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def quantity(value: Any) -> int:
+    """An extended-resource quantity: plain integers ('8'); anything else counts as 0."""
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
