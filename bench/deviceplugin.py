@@ -24,7 +24,7 @@ from common import ROOT, summary
 
 sys.path.insert(0, str(ROOT / "tests" / "kube"))
 
-from apiserver import ApiServer, add_identities, build_testenv
+from apiserver import start_apiserver
 from kubernetes import client as k8s
 from registry_env import start_registry
 
@@ -66,11 +66,7 @@ def bench_registry(n: int) -> None:
 
 
 def bench_api(intervals: int, interval: float) -> None:
-    server = ApiServer(Path(tempfile.mkdtemp(prefix="nodeagent-bench-dp-")) / "apiserver")
-    server.workdir.mkdir()
-    add_identities(server)
-    server.start(build_testenv())
-    server.apply_deploy()
+    server = start_apiserver(Path(tempfile.mkdtemp(prefix="nodeagent-bench-dp-")) / "apiserver")
     try:
         k8s.CoreV1Api(server.client("admin")).create_node(
             {"metadata": {"name": "node-a"}})  # type: ignore[arg-type]
@@ -102,11 +98,7 @@ def bench_check(n: int) -> None:
 
     root = Path(tempfile.mkdtemp(prefix="nodeagent-bench-check-"))
     reg = start_registry(root)
-    server = ApiServer(root / "apiserver")
-    server.workdir.mkdir()
-    add_identities(server)
-    server.start(build_testenv())
-    server.apply_deploy()
+    server = start_apiserver(root / "apiserver")
     try:
         digest = reg.push_index("rdma/dp", "multi", [("linux", "amd64", ""),
                                                      ("linux", "arm64", "v8")])

@@ -18,7 +18,7 @@ from common import ROOT, summary
 
 sys.path.insert(0, str(ROOT / "tests" / "kube"))
 
-from apiserver import ApiServer, add_identities, build_testenv
+from apiserver import ApiServer, start_apiserver
 
 from nodeagent.fleet import FleetSource, fleet_rows, render
 from nodeagent.kubeapi import Counters, call
@@ -59,11 +59,8 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--runs", type=int, default=10)
     args = p.parse_args()
-    server = ApiServer(Path(tempfile.mkdtemp(prefix="nodeagent-bench-fleet-")) / "apiserver")
-    server.workdir.mkdir()
-    add_identities(server)
-    server.start(build_testenv())
-    server.apply_deploy()
+    server = start_apiserver(Path(tempfile.mkdtemp(prefix="nodeagent-bench-fleet-")) /
+                             "apiserver")
     try:
         t = time.perf_counter()
         populate(server, args.nodes)

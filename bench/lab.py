@@ -17,7 +17,8 @@ from common import ROOT
 
 sys.path.insert(0, str(ROOT / "tests" / "lab"))
 
-from labkit import addresses, start_agent, wait
+from helpers import wait_for
+from labkit import addresses, start_agent
 from vm import boot, build_image, wheelhouse
 
 
@@ -48,7 +49,7 @@ def main() -> None:
         # (ManagedElsewhere): lift it for the measurement, as bench/repair_latency.py does.
         start_agent(vm, repair_guard={"max_repairs": 1_000_000})
         print(f"systemctl start (READY after the first pass): {time.perf_counter() - t:.1f} s")
-        wait(lambda: addresses(vm, "ens4") == ["10.10.0.5/24"], 10, "the rail")
+        wait_for(lambda: addresses(vm, "ens4") == ["10.10.0.5/24"], 10, "the rail")
         print(vm.ssh(f"/opt/nodeagent/venv/bin/python /root/guest/repair_latency.py ens4 "
                      f"10.10.0.5 24 {args.count}", timeout=1800).stdout.strip())
     finally:

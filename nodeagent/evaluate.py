@@ -100,6 +100,9 @@ class Evaluator:
         self.traffic = TrafficTracker()  # kernel vs RDMA bytes over time, per rail
         self.clock = time.monotonic
         self.timings: dict[str, float] = {}  # probe -> seconds, in the latest pass
+        self._labels: dict[str, str] = {}
+        self._labels_key: tuple[str, ...] | None = None
+        self._labels_next = 0.0
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -222,16 +225,27 @@ class Evaluator:
                     **_counter_fields(self.counters.get(rail.name)),
                 }
             )
-        devices = sorted({c.rdma_device for c in self.counters.values() if c.rdma_device})
-        seen = read_fingerprint(cfg.paths.sysfs, devices, [r.interface for r in cfg.rails])
         return Report(
             node=cfg.resolved_node_name(),
             findings=findings,
             errors=errors,
             gid_source=self.gid_table.source,
             rails=rails,
-            labels=fingerprint_labels(seen),
+            labels=self._fingerprint(),
         )
+
+    def _fingerprint(self) -> dict[str, str]:
+        """The hardware labels. Hardware does not change between an event and its repair:
+        read at most once per resync interval, or when the rails' devices change."""
+        devices = tuple(sorted({c.rdma_device for c in self.counters.values()
+                                if c.rdma_device}))
+        now = self.clock()
+        if devices != self._labels_key or now >= self._labels_next:
+            seen = read_fingerprint(self.cfg.paths.sysfs, list(devices),
+                                    [r.interface for r in self.cfg.rails])
+            self._labels = fingerprint_labels(seen)
+            self._labels_key, self._labels_next = devices, now + self.cfg.resync_interval
+        return dict(self._labels)
 
     def _traffic(self) -> Finding:
         """Samples every rail's byte counters, then judges FabricTrafficOnRDMA."""

@@ -183,6 +183,20 @@ def add_identities(server: ApiServer) -> None:
     server.add_identity("stranger", "someone", ["developers"])
 
 
+def start_apiserver(workdir: Path) -> ApiServer:
+    """An API server in `workdir` with the standard identities and deploy/ applied."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = ApiServer(workdir)
+    add_identities(server)
+    server.start(build_testenv())
+    try:
+        server.apply_deploy()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 def node_json(core: k8s.CoreV1Api, name: str) -> dict[str, Any]:
     resp = core.read_node(name, _preload_content=False)
     data: dict[str, Any] = json.loads(resp.data)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import ApiServer, add_identities, build_testenv
+from apiserver import ApiServer, start_apiserver
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -35,12 +35,8 @@ def wait_policy_enforced(server: ApiServer, timeout: float = 60.0) -> None:
 
 @pytest.fixture(scope="session")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    binary = build_testenv()
-    server = ApiServer(tmp_path_factory.mktemp("apiserver"))
-    add_identities(server)
-    server.start(binary)
+    server = start_apiserver(tmp_path_factory.mktemp("apiserver"))
     try:
-        server.apply_deploy()
         wait_policy_enforced(server)
         yield server
     finally:

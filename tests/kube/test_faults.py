@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from apiserver import ApiServer, add_identities, build_testenv, node_json
+from apiserver import ApiServer, build_testenv, node_json, start_apiserver
 from helpers import wait_for
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, kcfg, our_taint, report
@@ -23,11 +23,7 @@ from nodeagent.publish.publisher import Publisher
 @pytest.fixture
 def own_apiserver(tmp_path: Path) -> Iterator[ApiServer]:
     """An API server of this test's own, free to be stopped and started again."""
-    server = ApiServer(tmp_path / "apiserver")
-    server.workdir.mkdir()
-    add_identities(server)
-    server.start(build_testenv())
-    server.apply_deploy()
+    server = start_apiserver(tmp_path / "apiserver")
     try:
         yield server
     finally:

@@ -4,11 +4,10 @@ agent as its systemd service."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import yaml
+from helpers import wait_for
 from vm import VM
 
 RAILS = [
@@ -18,17 +17,6 @@ RAILS = [
      "rule_priority": 1001, "rdma_device": "rxe1"},
 ]
 VENV = "/opt/nodeagent/venv/bin"
-
-
-def wait(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def sysfs_gids(vm: VM, device: str) -> dict[int, str]:
@@ -63,7 +51,7 @@ def hold_qp(vm: VM, device: str, gid_index: int) -> None:
     """A live RC QP pair on the GID (guest/qp_holder.py), until pkill."""
     vm.ssh(f"nohup python3 /root/guest/qp_holder.py {device} {gid_index} "
            f"> /root/holder-{device}.log 2>&1 &")
-    wait(lambda: "ready" in vm.ssh(f"cat /root/holder-{device}.log").stdout, 30,
+    wait_for(lambda: "ready" in vm.ssh(f"cat /root/holder-{device}.log").stdout, 30,
          "the QP holder in RTS")
 
 
