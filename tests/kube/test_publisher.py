@@ -123,9 +123,9 @@ def test_conditions_taint_and_events_follow_findings(
     assert conds["RoCENetworkReady"]["reason"] == "AddressMissing"
     assert conds["RoCENetworkReady"]["message"] == "rail0 ens1f0: AddressMissing"
     assert conds["RoCEGIDStable"]["lastTransitionTime"] == gid_transition  # it stayed True
-    reasons = [e.reason for e in events(core, node)]
-    assert "FabricReadyFailed" in reasons and "RoCENetworkReadyFailed" in reasons
-    assert "FabricTaint" in reasons
+    # Events follow the writes they describe: wait for them rather than race them
+    wanted = {"FabricReadyFailed", "RoCENetworkReadyFailed", "FabricTaint"}
+    wait_for(lambda: wanted <= {e.reason for e in events(core, node)}, what=f"Events {wanted}")
     lease = k8s.CoordinationV1Api(apiserver.client("admin")).read_namespaced_lease(
         f"nodeagent-{node}", "nodeagent-system")
     assert lease.spec.holder_identity == node
@@ -155,9 +155,9 @@ def test_restart_keeps_transition_times_and_does_not_flap(
     first.submit(report(node, failing="LinkFlapping"))
     wait_for(lambda: (our_taint(core, node) or {}).get("value") == "LinkFlapping", what="taint")
     wait_for(lambda: conditions(core, node)["FabricReady"]["status"] == "False", what="cond")
+    first.stop()  # joins its thread: every Event it meant to write is written
     before = conditions(core, node)
     n_events = len(events(core, node))
-    first.stop()
 
     second = publisher(node, clear_after=2.0)
     second.submit(report(node, failing="LinkFlapping"))
@@ -421,5 +421,6 @@ def test_hardware_fingerprint_labels_follow_the_hardware(
     got = node_labels()
     assert "nodeagent.io/rdma-driver" not in got
     assert got["team"] == "ml" and got["nodeagent.io/pool"] == "a"
-    assert any(e.reason == "HardwareFingerprint" and "28.40.1000" in e.message
-               for e in events(core, node))
+    # the Event follows the label patch: wait for it rather than race it
+    wait_for(lambda: any(e.reason == "HardwareFingerprint" and "28.40.1000" in e.message
+                         for e in events(core, node)), what="the HardwareFingerprint Event")
