@@ -46,7 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         if json_flag:
             sp.add_argument("--json", action="store_true", help="machine-readable output")
 
-    common(sub.add_parser("check", help="evaluate everything once, change nothing"))
+    cp = sub.add_parser("check", help="evaluate everything once, change nothing")
+    common(cp)
+    cp.add_argument("--config-only", action="store_true",
+                    help="only validate the config file: exit 0 valid, 2 invalid (probes "
+                    "nothing; what the Ansible role runs before putting a config in place)")
     ap = sub.add_parser("apply", help="repair local drift once (network, sysctls), then check")
     common(ap)
     ap.add_argument("--dry-run", action="store_true", help="print the repairs, change nothing")
@@ -101,6 +105,14 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
     from nodeagent.evaluate import Evaluator
 
     cfg = _load(args.config)
+    if getattr(args, "config_only", False):
+        if args.json:
+            json.dump({"config": args.config or default_config_path(), "valid": True},
+                      sys.stdout)
+            sys.stdout.write("\n")
+        else:
+            print(f"config {args.config or default_config_path()}: valid")
+        return EXIT_OK
     dry_run = bool(getattr(args, "dry_run", False))
     with _ipr() as ipr:
         # check and dry-run change nothing, not even the learned-pin state.

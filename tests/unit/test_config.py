@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -178,7 +179,8 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
 def test_cli_invalid_config_exits_2_with_one_line_per_problem(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("rails:\n  - {name: a, interface: e0, address: x}\n  - {name: a, extra: 1}\n")
-    for verb in (["check"], ["apply"], ["apply", "--dry-run"], ["status"], ["run"]):
+    for verb in (["check"], ["check", "--config-only"], ["apply"], ["apply", "--dry-run"],
+                 ["status"], ["run"]):
         res = subprocess.run([sys.executable, "-m", "nodeagent", *verb, "--config", str(cfg)],
                              capture_output=True, text=True)
         assert res.returncode == 2, (verb, res.stderr)
@@ -190,6 +192,17 @@ def test_cli_invalid_config_exits_2_with_one_line_per_problem(tmp_path: Path) ->
             f"nodeagent: invalid config: {cfg}: rails[1].address: required key is missing",
             f"nodeagent: invalid config: {cfg}: rails[1].extra: unknown key",
         ]
+
+
+def test_check_config_only_validates_without_probing(tmp_path: Path) -> None:
+    """Rails that exist nowhere: a full check would fail (exit 1); --config-only looks at the
+    file alone, so the Ansible role can validate a config before the host is ready for it."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rails:\n  - {name: a, interface: nosuch0, address: 10.9.0.1/24}\n")
+    res = subprocess.run([sys.executable, "-m", "nodeagent", "check", "--config-only",
+                          "--json", "--config", str(cfg)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"config": str(cfg), "valid": True}
 
 
 def test_config_path_from_environment(tmp_path: Path) -> None:
