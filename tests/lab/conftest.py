@@ -10,26 +10,32 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from vm import VM, boot, build_image, wheelhouse
 
-GUEST = Path(__file__).parent / "guest"
+HERE = Path(__file__).parent
+GUEST = HERE / "guest"
 UNIT = Path(__file__).resolve().parents[2] / "units" / "nodeagent.service"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The role's test first: it installs the agent on the fresh guest the way a host gets
+    it, and leaves it installed for the scenarios (saving a second install)."""
+    role = [i for i in items if i.path.name == "test_role.py"]
+    if role:
+        first_lab = next(n for n, i in enumerate(items) if i.path.parent == HERE)
+        rest = [i for i in items if i not in role]
+        items[:] = rest[:first_lab] + role + rest[first_lab:]
 
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
-    """One booted guest for the lab session, with the agent installed the way a host gets
-    it: a wheel into /opt/nodeagent/venv (--system-site-packages: the distro's pyverbs),
-    the unit in /etc/systemd/system, soft-RoCE devices rxe0 on ens4 and rxe1 on ens5."""
+    """One booted guest for the lab session: the agent's wheelhouse in /root/wheels, soft-RoCE
+    devices rxe0 on ens4 and rxe1 on ens5. The agent itself is installed by the role's test
+    (or by `guest` when that test did not run)."""
     image = build_image()
     wheels = wheelhouse()
     vm = boot(image, tmp_path_factory.mktemp("lab"))
     try:
         vm.put(wheels, "/root/wheels")
         vm.put(GUEST, "/root/guest")
-        vm.put(UNIT, "/etc/systemd/system/nodeagent.service")
-        vm.ssh("python3 -m venv --system-site-packages /opt/nodeagent/venv && "
-               "/opt/nodeagent/venv/bin/pip install -q --no-compile --no-index "
-               "--find-links /root/wheels nodeagent", timeout=600)
-        vm.ssh("systemctl daemon-reload")
         vm.ssh("rdma link add rxe0 type rxe netdev ens4 && rdma link add rxe1 type rxe "
                "netdev ens5")
         yield vm
@@ -37,10 +43,24 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
         vm.kill()
 
 
+def ensure_agent(vm: VM) -> None:
+    """The agent installed the way a host gets it: a wheel into /opt/nodeagent/venv
+    (--system-site-packages: the distro's pyverbs), the unit in /etc/systemd/system."""
+    if vm.ssh("test -x /opt/nodeagent/venv/bin/nodeagent && "
+              "test -e /etc/systemd/system/nodeagent.service", check=False).returncode == 0:
+        return
+    vm.put(UNIT, "/etc/systemd/system/nodeagent.service")
+    vm.ssh("python3 -m venv --system-site-packages /opt/nodeagent/venv && "
+           "/opt/nodeagent/venv/bin/pip install -q --no-compile --no-index "
+           "--find-links /root/wheels nodeagent", timeout=600)
+    vm.ssh("systemctl daemon-reload")
+
+
 @pytest.fixture
 def guest(lab: VM) -> Iterator[VM]:
     """The lab guest, rails reset before and after each test: agent stopped, QP holders
     gone, NetworkManager and networkd off the rails, carriers on, addresses flushed."""
+    ensure_agent(lab)
     reset(lab)
     try:
         yield lab
@@ -53,8 +73,12 @@ def reset(vm: VM) -> None:
         vm.set_link(rail, True)
     vm.ssh("systemctl stop nodeagent 2>/dev/null; systemctl reset-failed nodeagent "
            "2>/dev/null; pkill -f '/root/guest/[q]p_holder'; "
+           "pkill -f '/root/guest/[g]id_watch'; pkill -f '/root/guest/[u]dp_blast'; "
+           "pkill ibv_rc_pingpong; ip neigh flush dev ens4; "
            "rm -f /etc/NetworkManager/system-connections/rail* "
            "/etc/NetworkManager/conf.d/20-rails.conf /etc/systemd/network/20-rail* "
+           "/etc/NetworkManager/conf.d/90-nodeagent-rails.conf "
+           "/etc/systemd/network/05-nodeagent-rails.network "
            "/etc/systemd/networkd.conf.d/*.conf; nmcli connection reload; "
            "nmcli device set ens4 managed no; nmcli device set ens5 managed no; "
            "networkctl reload; "

@@ -30,7 +30,7 @@ MIRROR = "http://deb.debian.org/debian"
 PACKAGES = [
     "linux-image-amd64", "systemd-sysv", "udev", "kmod", "iproute2", "rdma-core",
     "ibverbs-providers", "ibverbs-utils", "python3", "python3-venv", "python3-pyverbs",
-    "python3-systemd", "network-manager", "dbus", "libpam-systemd", "openssh-server",
+    "python3-systemd", "python3-apt", "network-manager", "dbus", "libpam-systemd", "openssh-server",
 ]
 MGMT_MAC = "52:54:00:00:00:01"
 RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02"}
@@ -243,6 +243,10 @@ class VM:
             time.sleep(0.2)
             return s.recv(4096).decode(errors="replace")
 
+    def monitor_session(self) -> MonitorSession:
+        """One monitor connection for many commands (QEMU serves one client at a time)."""
+        return MonitorSession(self.monitor_path)
+
     def set_link(self, rail: str, up: bool) -> None:
         """True carrier loss (or return) on the guest NIC of `rail` (rail0: ens4, rail1: ens5)."""
         self.monitor(f"set_link {rail} {'on' if up else 'off'}")
@@ -251,6 +255,39 @@ class VM:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class MonitorSession:
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(10)
+        self.sock.connect(str(path))
+        self._until_prompt()
+
+    def _until_prompt(self) -> str:
+        data = b""
+        while not data.endswith(b"(qemu) "):
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"QEMU monitor closed: {data[-200:]!r}")
+            data += chunk
+        return data.decode(errors="replace")
+
+    def command(self, command: str) -> str:
+        self.sock.sendall(command.encode() + b"\n")
+        return self._until_prompt()
+
+    def set_link(self, rail: str, up: bool) -> None:
+        self.command(f"set_link {rail} {'on' if up else 'off'}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> MonitorSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def accelerator(image: Image, workdir: Path) -> str:
