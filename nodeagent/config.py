@@ -209,6 +209,7 @@ class FabricTraffic(_Strict):
     window: Duration = 120.0
     min_kernel_bytes: int = Field(default=100 << 20, ge=0)  # more than this via the kernel ...
     flat_rdma_bytes: int = Field(default=0, ge=0)  # ... while RDMA moved at most this
+    flat_rdma_packets: int = Field(default=0, ge=0)  # the same for devices counting packets only
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
 

@@ -285,4 +285,5 @@ def _counter_fields(c: RailCounters | None) -> dict[str, Any]:
         return {}
     return {"link_speed_mbps": c.speed_mbps, "netdev_tx_bytes": c.netdev_tx_bytes,
             "netdev_rx_bytes": c.netdev_rx_bytes, "rdma_tx_bytes": c.rdma_tx_bytes,
-            "rdma_rx_bytes": c.rdma_rx_bytes}
+            "rdma_rx_bytes": c.rdma_rx_bytes, "rdma_tx_packets": c.rdma_tx_packets,
+            "rdma_rx_packets": c.rdma_rx_packets}

@@ -159,6 +159,10 @@ class RailCounters:
     rdma_port: int = 1
     rdma_tx_bytes: int | None = None  # RDMA traffic (port_xmit_data x 4)
     rdma_rx_bytes: int | None = None
+    # Devices without byte counters (soft-RoCE has only hw_counters/sent_pkts, rcvd_pkts)
+    # still show whether RDMA moves at all: their packet counters.
+    rdma_tx_packets: int | None = None
+    rdma_rx_packets: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 A job that silently falls back to TCP reports success at half speed. While fabric traffic is
 expected (pods here request the RDMA resource or GPUs, or the config says always), a rail
 whose kernel-stack bytes grow by more than `min_kernel_bytes` over `window` while its RDMA
-port counters stay flat is reported `TrafficNotOnFabric`. Informational by default: it
-joins FabricReady (and so the taint) only with `fabric_traffic.gate: true`.
+port counters stay flat is reported `TrafficNotOnFabric`. RDMA is measured in bytes where
+the device counts them, else in packets (soft-RoCE), each with its own "flat" threshold.
+Informational by default: it joins FabricReady (and so the taint) only with
+`fabric_traffic.gate: true`.
 """
 
 from __future__ import annotations
@@ -18,19 +20,35 @@ from nodeagent.config import Config
 from nodeagent.model import FABRIC_TRAFFIC_ON_RDMA, Finding, RailCounters
 
 
+def rdma_measure(c: RailCounters) -> tuple[int, str] | None:
+    """The rail's RDMA traffic so far and its unit: bytes when the device counts them, else
+    packets; None when neither can be read."""
+    as_bytes = _sum(c.rdma_tx_bytes, c.rdma_rx_bytes)
+    if as_bytes is not None:
+        return as_bytes, "B"
+    packets = _sum(c.rdma_tx_packets, c.rdma_rx_packets)
+    return (packets, "packets") if packets is not None else None
+
+
 @dataclass
 class TrafficWindow:
-    """Samples of one rail's (kernel bytes, RDMA bytes), oldest first, spanning `window`."""
+    """Samples of one rail's (kernel bytes, RDMA amount), oldest first, spanning `window`;
+    the RDMA amount is in `unit` (B or packets)."""
 
     window: float
     samples: deque[tuple[float, int, int]] = field(default_factory=deque)
+    unit: str = "B"
 
     def add(self, now: float, counters: RailCounters) -> None:
         kernel = _sum(counters.netdev_tx_bytes, counters.netdev_rx_bytes)
-        rdma = _sum(counters.rdma_tx_bytes, counters.rdma_rx_bytes)
-        if kernel is None or rdma is None:
+        measure = rdma_measure(counters)
+        if kernel is None or measure is None:
             self.samples.clear()  # unreadable: no verdict from a gap
             return
+        rdma, unit = measure
+        if unit != self.unit:
+            self.samples.clear()  # another counter: the old samples do not compare
+            self.unit = unit
         if self.samples and (kernel < self.samples[-1][1] or rdma < self.samples[-1][2]):
             self.samples.clear()  # counters reset (driver reload, device re-created)
         self.samples.append((now, kernel, rdma))
@@ -39,7 +57,8 @@ class TrafficWindow:
             self.samples.popleft()
 
     def deltas(self, now: float) -> tuple[int, int] | None:
-        """(kernel, RDMA) bytes over the last `window`, or None before a window is seen."""
+        """(kernel bytes, RDMA in `unit`) over the last `window`, or None before a window
+        is seen."""
         if len(self.samples) < 2 or self.samples[0][0] > now - self.window:
             return None
         first, last = self.samples[0], self.samples[-1]
@@ -97,21 +116,24 @@ def traffic_finding(cfg: Config, tracker: TrafficTracker, now: float,
         if c is None or c.rdma_device is None:
             unreadable.append(f"{rail.name} {rail.interface}: no RDMA device found")
             continue
-        if None in (c.netdev_tx_bytes, c.netdev_rx_bytes, c.rdma_tx_bytes, c.rdma_rx_bytes):
+        measure = rdma_measure(c)
+        if None in (c.netdev_tx_bytes, c.netdev_rx_bytes) or measure is None:
             unreadable.append(f"{rail.name} {rail.interface}: counters unreadable")
             continue
         w = tracker.windows.get(rail.name)
         d = w.deltas(now) if w else None
-        if d is None:
+        if w is None or d is None or w.unit != measure[1]:
             measuring.append(rail.name)
             continue
         kernel, rdma = d
-        if kernel > ft.min_kernel_bytes and rdma <= ft.flat_rdma_bytes:
+        flat = ft.flat_rdma_bytes if w.unit == "B" else ft.flat_rdma_packets
+        if kernel > ft.min_kernel_bytes and rdma <= flat:
             bad.append(f"{rail.name} {rail.interface}: {kernel} bytes through the kernel "
-                       f"stack and {rdma} over RDMA ({c.rdma_device} port {c.rdma_port}) in "
-                       f"the last {ft.window:g}s: traffic is not using the fabric")
+                       f"stack and {rdma} {w.unit} over RDMA ({c.rdma_device} port "
+                       f"{c.rdma_port}) in the last {ft.window:g}s: traffic is not using the "
+                       "fabric")
         else:
-            fine.append(f"{rail.name}: kernel {kernel} B, RDMA {rdma} B")
+            fine.append(f"{rail.name}: kernel {kernel} B, RDMA {rdma} {w.unit}")
     if bad:
         return Finding(FABRIC_TRAFFIC_ON_RDMA, "False", "TrafficNotOnFabric",
                        "; ".join(bad + unreadable))

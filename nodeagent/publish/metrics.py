@@ -91,6 +91,10 @@ def _rails(rails: list[dict[str, Any]]) -> Iterable[Metric]:
                                  "RDMA bytes sent by the rail's port (port_xmit_data x 4)."),
         "rdma_rx_bytes": counter("nodeagent_rail_rdma_receive_bytes",
                                  "RDMA bytes received by the rail's port (port_rcv_data x 4)."),
+        "rdma_tx_packets": counter("nodeagent_rail_rdma_transmit_packets",
+                                   "RDMA packets sent by the rail's port."),
+        "rdma_rx_packets": counter("nodeagent_rail_rdma_receive_packets",
+                                   "RDMA packets received by the rail's port."),
     }
     for r in rails:
         labels = [r["name"], r["interface"]]

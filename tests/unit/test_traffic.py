@@ -143,3 +143,52 @@ def test_fabric_consumers() -> None:
             pod("done", "Succeeded", limits={"nvidia.com/gpu": "8"}),
             pod("web", "Running", requests={"cpu": "1"})]
     assert fabric_consumers(pods, {"nvidia.com/gpu", "rdma/hca"}) == ["ml/train", "ml/rdma"]
+
+
+def rxe_port(root: Path, sent: int, rcvd: int) -> None:
+    """What soft-RoCE has: no counters/ directory, packet counts in hw_counters/."""
+    hw = root / "class" / "infiniband" / "rxe0" / "ports" / "1" / "hw_counters"
+    hw.mkdir(parents=True, exist_ok=True)
+    (hw / "sent_pkts").write_text(f"{sent}\n")
+    (hw / "rcvd_pkts").write_text(f"{rcvd}\n")
+    net = root / "class" / "net" / "ens4" / "statistics"
+    net.mkdir(parents=True, exist_ok=True)
+    (net / "tx_bytes").write_text(f"{200 * MiB}\n")
+    (net / "rx_bytes").write_text("0\n")
+
+
+def test_devices_without_byte_counters_are_measured_in_packets(tmp_path: Path) -> None:
+    cfg = parse_config({"rails": [{"name": "rail0", "interface": "ens4",
+                                   "address": "10.10.0.5/24"}],
+                        "fabric_traffic": {"expect": "always", "window": "60s",
+                                           "min_kernel_bytes": 100 * MiB}})
+    assert cfg.fabric_traffic is not None
+    rxe_port(tmp_path, 0, 0)
+    c = read_rail_counters(tmp_path, "ens4", "rxe0", 1)
+    assert (c.rdma_tx_bytes, c.rdma_tx_packets, c.rdma_rx_packets) == (None, 0, 0)
+    tracker = TrafficTracker()
+    tracker.observe(0.0, 60.0, {"rail0": c})
+    (tmp_path / "class/net/ens4/statistics/tx_bytes").write_text(f"{350 * MiB}\n")
+    later = {"rail0": read_rail_counters(tmp_path, "ens4", "rxe0", 1)}
+    tracker.observe(61.0, 60.0, later)
+    flat = traffic_finding(cfg, tracker, 61.0, later, True, "test")
+    assert flat.reason == "TrafficNotOnFabric"
+    assert "0 packets over RDMA (rxe0 port 1)" in flat.message
+    hw = tmp_path / "class/infiniband/rxe0/ports/1/hw_counters"
+    (hw / "sent_pkts").write_text("5000\n")
+    (tmp_path / "class/net/ens4/statistics/tx_bytes").write_text(f"{500 * MiB}\n")
+    moving = {"rail0": read_rail_counters(tmp_path, "ens4", "rxe0", 1)}
+    tracker.observe(122.0, 60.0, moving)
+    ok = traffic_finding(cfg, tracker, 122.0, moving, True, "test")
+    assert ok.reason == "TrafficOnFabric" and "RDMA 5000 packets" in ok.message
+
+
+def test_port_packet_counters_are_preferred_over_hw_counters(tmp_path: Path) -> None:
+    tree = Tree(tmp_path)
+    (tree.port / "port_xmit_packets").write_text("7\n")
+    (tree.port / "port_rcv_packets").write_text("9\n")
+    c = read_rail_counters(tmp_path, "r0", "mlx5_0", 1)
+    assert (c.rdma_tx_bytes, c.rdma_tx_packets, c.rdma_rx_packets) == (0, 7, 9)
+    window = TrafficWindow(60.0)
+    window.add(0.0, c)
+    assert window.unit == "B", "bytes win when the device counts them"
