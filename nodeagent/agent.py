@@ -31,7 +31,7 @@ from pyroute2.netlink.rtnl import (
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
 from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
-from nodeagent.evaluate import Evaluator, Report
+from nodeagent.evaluate import Evaluator, Repairs, Report
 from nodeagent.lustre import LustreMonitor
 from nodeagent.model import FABRIC_READY
 from nodeagent.probes.netlink import link_from_msg
@@ -227,9 +227,14 @@ class Agent:
         return paused, out
 
     def next_verdict_change(self) -> float | None:
-        """The next time a time-based verdict may change with no event at all."""
+        """The next time a time-based verdict may change with no event at all (a shifted
+        GID waiting for its QPs to end is looked at every gid_repin_poll)."""
         times = [t.clears_at() for t in self.flaps.values()]
         times.append(self.guard.resumes_at())
+        evaluator: Evaluator | None = getattr(self, "evaluator", None)  # None before run()
+        verdict = evaluator.gid_verdict if evaluator is not None else None
+        if verdict is not None and verdict.shifts and self.cfg.gid_repin == "auto":
+            times.append(self.clock() + self.cfg.gid_repin_poll)
         due = [t for t in times if t is not None]
         return min(due) + 0.01 if due else None
 
@@ -239,17 +244,24 @@ class Agent:
         paused, _ = self.overrides()
         repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
         now = self.clock()
-        for name, actions in repairs.done.items():
-            rail = self.evaluator.rails[name]
-            self.guard.record(now, name, rail.label, {a.kind for a in actions})
-            counts = self.repair_counts.setdefault(name, {})
-            for a in actions:
-                counts[a.kind.value] = counts.get(a.kind.value, 0) + 1
+        self._count_repairs(now, repairs)
         for name, obs in self.evaluator.observations.items():
             if obs.link is not None and name in self.flaps:
                 self.flaps[name].observe(now, obs.link)
         _, overrides = self.overrides()  # the guard and flap verdicts after this pass
         report = self.evaluator.judge(repairs, overrides)
+        repinned = self.evaluator.repin()
+        if repinned.done or repinned.errors:
+            # The address went away and came back, and its routes with it: repair and judge
+            # the re-pinned rails again, in this same pass.
+            again = self.evaluator.probe_and_repair(repinned.done, repair=True,
+                                                    skip_repair=paused)
+            # our own doing, not a fight with another manager: kept out of the repair guard
+            self._count_repairs(now, again, guard=False)
+            self._count_repairs(now, repinned, guard=False)
+            repairs.merge(repinned)
+            repairs.merge(again)
+            report = self.evaluator.judge(repairs, overrides)
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
         self.last_report = report
@@ -261,6 +273,15 @@ class Agent:
             self.publisher.submit(report)  # never waits for the API server
         self._publish(report)
         return report
+
+    def _count_repairs(self, now: float, repairs: Repairs, guard: bool = True) -> None:
+        for name, actions in repairs.done.items():
+            if guard:
+                self.guard.record(now, name, self.evaluator.rails[name].label,
+                                  {a.kind for a in actions})
+            counts = self.repair_counts.setdefault(name, {})
+            for a in actions:
+                counts[a.kind.value] = counts.get(a.kind.value, 0) + 1
 
     def _publish(self, report: Report, state: str = "running") -> None:
         data = report.as_dict()

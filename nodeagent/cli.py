@@ -132,6 +132,13 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             evaluator.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
             evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
         report = evaluator.judge(repairs)
+        if repair:  # a shifted GID that nothing uses any more is put back on its pin
+            repinned = evaluator.repin(dry_run=dry_run)
+            if repinned.done or repinned.errors:
+                repairs.merge(repinned)
+                if not dry_run:  # the address came back without its routes
+                    repairs.merge(evaluator.probe_and_repair(repinned.done, repair=True))
+                report = evaluator.judge(repairs)
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)
     return EXIT_OK if report.ok else EXIT_NOT_OK

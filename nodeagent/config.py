@@ -70,6 +70,7 @@ class Paths(_Strict):
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
     lfs: str = "lfs"  # the Lustre `lfs` tool (name on PATH or a path); skipped when absent
+    rdma: str = "rdma"  # iproute2's `rdma` tool: lists QPs before a GID is re-pinned
 
 
 # Rail sysctls the agent knows how to enforce: name -> (procfs subtree, allowed values).
@@ -270,6 +271,10 @@ class Config(_Strict):
     rails: list[Rail] = Field(default_factory=list)
     rail_sysctls: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RAIL_SYSCTLS))
     gid_source: Literal["auto", "pyverbs", "sysfs"] = "auto"
+    # A GID found off its pinned index is put back (the rail's address deleted and re-added)
+    # once no QP uses the port any more: auto. never: only reported.
+    gid_repin: Literal["auto", "never"] = "auto"
+    gid_repin_poll: Duration = 5.0  # while a GID is shifted, QPs are looked at this often
     link_flap: LinkFlap = LinkFlap()
     repair_guard: RepairGuard = RepairGuard()
     device_plugin: DevicePlugin | None = None

@@ -7,6 +7,7 @@ just the rail an event touched and still report on all of them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -15,7 +16,7 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
-from nodeagent.checks.gid import gid_finding, rail_entries
+from nodeagent.checks.gid import GidVerdict, gid_finding, rail_entries
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
@@ -27,6 +28,8 @@ from nodeagent.model import (
     Drift,
     Finding,
     GidTable,
+    GidType,
+    QueuePairs,
     RailCounters,
     RailObservation,
 )
@@ -35,6 +38,8 @@ from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
 from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
+from nodeagent.probes.qp import read_qps
+from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.state import load_pins, save_pins
 from nodeagent.systemd import RAIL
@@ -83,6 +88,12 @@ class Repairs:
     def texts(self) -> list[str]:
         return [a.text for acts in self.done.values() for a in acts] + self.other
 
+    def merge(self, other: Repairs) -> None:
+        for name, actions in other.done.items():
+            self.done.setdefault(name, []).extend(actions)
+        self.errors.extend(other.errors)
+        self.other.extend(other.other)
+
 
 class Evaluator:
     def __init__(self, cfg: Config, ipr: Any, persist_pins: bool = True) -> None:
@@ -93,6 +104,10 @@ class Evaluator:
         self.observations: dict[str, RailObservation] = {}
         self.pins = load_pins(cfg)
         self.gid_table = GidTable(source="none")
+        self.gid_verdict: GidVerdict | None = None  # the latest, for re-pinning
+        self.qps: QueuePairs | None = None  # looked at only while a GID is shifted
+        self._repin_next: dict[str, float] = {}  # rail -> earliest next re-pin attempt
+        self._repin_attempts: dict[str, int] = {}  # rail -> attempts while still shifted
         self.lustre: LustreObservation | None = None  # set by whoever probes the mounts
         self.device_plugin: DevicePluginObservation | None = None  # likewise, the plugin
         self.plugin_seen_ready: frozenset[str] = frozenset()  # pod UIDs once seen Ready
@@ -156,6 +171,45 @@ class Evaluator:
             self._observe(self.rails[n] for n in out.done)
         return out
 
+    def repin(self, dry_run: bool = False) -> Repairs:
+        """Re-pin the shifted rails the latest judgement allows (no QP on the port, pinned
+        slot free). A rail still shifted after a re-pin waits twice as long before the next
+        (gid_repin_poll, doubling up to 128x): something the QP list does not show holds
+        the slot, and the rail's address must not blink every few seconds. Returns what
+        ran (or, with dry_run, would run); the caller re-probes and judges again."""
+        out = Repairs()
+        verdict = self.gid_verdict
+        if verdict is None:
+            return out
+        now = self.clock()
+        for name in verdict.repin:
+            rail = self.rails[name]
+            actions = plan_repin(rail, self.ifindex(name), verdict.shifts[name])
+            if not actions or (not dry_run and now < self._repin_next.get(name, 0.0)):
+                continue
+            if dry_run:
+                out.done[name] = actions
+                continue
+            attempts = self._repin_attempts.get(name, 0)
+            self._repin_attempts[name] = attempts + 1
+            self._repin_next[name] = now + self.cfg.gid_repin_poll * 2 ** min(attempts, 7)
+            done, errs = repin(self.ipr, self.cfg.paths.procfs, rail, actions,
+                               functools.partial(self._ipv4_gid_index, rail))
+            out.errors.extend(errs)
+            for line in errs:
+                log.error("%s", line)
+            if done:
+                out.done[name] = done
+                for a in done:
+                    log.info("repaired %s", a.text, extra={RAIL: name})
+        return out
+
+    def _ipv4_gid_index(self, rail: Rail) -> int | None:
+        table = read_gid_table(self.cfg.gid_source, self.cfg.paths.sysfs)
+        found = [e.index for e in rail_entries(rail, table)
+                 if e.gid_type is GidType.ROCE_V2 and e.ipv4 == rail.ip]
+        return min(found) if found else None
+
     def judge(
         self,
         repairs: Repairs | None = None,
@@ -193,6 +247,15 @@ class Evaluator:
         self.timings["gid"] = time.perf_counter() - started
         errors.extend(self.gid_table.errors)
         verdict = gid_finding(cfg, self.gid_table, self.pins)
+        if verdict.shifts and cfg.gid_repin == "auto":
+            started = time.perf_counter()
+            self.qps = read_qps(cfg.paths.rdma)
+            self.timings["qps"] = time.perf_counter() - started
+            verdict = gid_finding(cfg, self.gid_table, self.pins, self.qps)
+        self.gid_verdict = verdict
+        for name in list(self._repin_attempts):
+            if name not in verdict.shifts:
+                del self._repin_attempts[name]  # back on its pin: start afresh next time
         if verdict.learned:
             self.pins.update(verdict.learned)
             if self.persist_pins:

@@ -149,6 +149,41 @@ class GidTable:
 
 
 @dataclass(frozen=True)
+class QueuePair:
+    """One QP as the kernel's resource tracking lists it (`rdma res show qp`)."""
+
+    device: str
+    port: int | None  # None: not bound to a port yet (RESET state)
+    lqpn: int
+    type: str  # RC, UD, GSI, SMI, ...
+    state: str
+    pid: int | None  # None: owned by the kernel (a ULP, or QP0/QP1 of ib_core)
+    comm: str
+
+    @property
+    def management(self) -> bool:
+        """QP0/QP1: every port has them and they hold no RoCE GID."""
+        return self.type in ("GSI", "SMI")
+
+    def describe(self) -> str:
+        owner = f"pid {self.pid} {self.comm}" if self.pid is not None else f"kernel {self.comm}"
+        return f"QP {self.lqpn} {self.type} {self.state} ({owner})"
+
+
+@dataclass(frozen=True)
+class QueuePairs:
+    """Every QP on the host, or why they could not be listed."""
+
+    qps: tuple[QueuePair, ...] = ()
+    error: str | None = None
+
+    def using(self, device: str, port: int) -> list[QueuePair]:
+        """The QPs that may hold a GID of this port (all but the management QPs)."""
+        return [q for q in self.qps if q.device == device and q.port in (None, port)
+                and not q.management]
+
+
+@dataclass(frozen=True)
 class RailCounters:
     """A rail's byte counters at one moment (None: not readable)."""
 
@@ -192,6 +227,8 @@ class DriftKind(enum.Enum):
     RULE_STALE = "RuleStale"
     SYSCTL = "SysctlMismatch"
     FOREIGN_ADDRESS = "ForeignAddress"
+    # RoCEGIDStable's drift, repaired by re-pinning (remedies/gid.py); never from rail_drift.
+    GID_SHIFTED = "GIDIndexShifted"
 
     @property
     def reason(self) -> str:

@@ -1,6 +1,7 @@
 """RoCEGIDStable: every rail's IPv4 RoCE v2 GID sits at its pinned index.
 
-Pure: config x GID table x pins -> Finding, plus the pins a healthy pass has learned.
+Pure: config x GID table x pins (x QPs) -> Finding, plus the pins a healthy pass has learned
+and the shifted rails that may be re-pinned now.
 """
 
 from __future__ import annotations
@@ -17,7 +18,19 @@ from nodeagent.model import (
     GidTable,
     GidType,
     Pin,
+    QueuePairs,
 )
+
+
+@dataclass(frozen=True)
+class GidShift:
+    """A rail whose IPv4 RoCE v2 GID is off its pinned index."""
+
+    device: str
+    port: int
+    index: int  # where it is now
+    pinned: int
+    slot_taken_by: str | None  # the GID now at the pinned index, if any
 
 
 @dataclass(frozen=True)
@@ -25,6 +38,8 @@ class GidVerdict:
     finding: Finding
     learned: dict[str, Pin] = field(default_factory=dict)  # rail -> pin to persist
     observed: dict[str, int] = field(default_factory=dict)  # rail -> index seen now
+    shifts: dict[str, GidShift] = field(default_factory=dict)  # rail -> its shift
+    repin: tuple[str, ...] = ()  # shifted rails that may be re-pinned now
 
 
 def rail_entries(rail: Rail, table: GidTable) -> list[GidEntry]:
@@ -43,13 +58,38 @@ def pin_for(rail: Rail, learned: Mapping[str, Pin]) -> Pin | None:
     return learned.get(rail.name)
 
 
-def gid_finding(cfg: Config, table: GidTable, learned: Mapping[str, Pin]) -> GidVerdict:
+def repin_verdict(cfg: Config, shift: GidShift, qps: QueuePairs | None) -> str | None:
+    """Why a shifted rail cannot be re-pinned now, or None when it can."""
+    if cfg.gid_repin == "never":
+        return "re-pinning is off (gid_repin: never)"
+    if shift.slot_taken_by is not None:
+        return f"index {shift.pinned} now holds {shift.slot_taken_by}: re-pin cannot land there"
+    if qps is None:
+        return "re-pin waits: QPs not looked at yet"
+    if qps.error:
+        return f"re-pin waits: QPs unknown ({qps.error})"
+    users = qps.using(shift.device, shift.port)
+    if users:
+        shown = ", ".join(q.describe() for q in users[:3])
+        more = f" and {len(users) - 3} more" if len(users) > 3 else ""
+        return (f"re-pin waits for {len(users)} QP(s) on {shift.device} port {shift.port}: "
+                f"{shown}{more}")
+    return None
+
+
+def gid_finding(
+    cfg: Config, table: GidTable, learned: Mapping[str, Pin], qps: QueuePairs | None = None,
+) -> GidVerdict:
+    """`qps` (every QP on the host) decides whether shifted rails may be re-pinned; without
+    it a shift is only reported."""
     if not cfg.rails:
         return GidVerdict(Finding(ROCE_GID_STABLE, "True", "NotConfigured", "no rails configured"))
     problems: list[tuple[str, str, bool]] = []  # reason, message, unknown?
     notes: list[str] = []
     new_pins: dict[str, Pin] = {}
     observed: dict[str, int] = {}
+    shifts: dict[str, GidShift] = {}
+    repin: list[str] = []
     for rail in cfg.rails:
         entries = rail_entries(rail, table)
         if not entries:
@@ -98,11 +138,19 @@ def gid_finding(cfg: Config, table: GidTable, learned: Mapping[str, Pin]) -> Gid
                 f"{rail.name}: learned pin {current.device}/{current.port} index {current.index}"
             )
         elif all(e.index != pin.index for e in v2):
+            taken = next((e.gid for e in table.entries if e.device == current.device
+                          and e.port == current.port and e.index == pin.index), None)
+            shift = GidShift(current.device, current.port, current.index, pin.index, taken)
+            shifts[rail.name] = shift
+            why = repin_verdict(cfg, shift, qps)
+            if why is None:
+                repin.append(rail.name)
             problems.append(
                 (
                     "GIDIndexShifted",
                     f"{rail.label}: IPv4 RoCE v2 GID at index {current.index}, "
-                    f"pinned {pin.index} ({current.device} port {current.port})",
+                    f"pinned {pin.index} ({current.device} port {current.port}); "
+                    + (why or "re-pinning: no QP uses the port"),
                     False,
                 )
             )
@@ -116,6 +164,8 @@ def gid_finding(cfg: Config, table: GidTable, learned: Mapping[str, Pin]) -> Gid
             Finding(ROCE_GID_STABLE, status, problems[0][0], "; ".join(p[1] for p in problems)),
             new_pins,
             observed,
+            shifts,
+            tuple(repin),
         )
     return GidVerdict(
         Finding(ROCE_GID_STABLE, "True", "GIDsPinned", f"{table.source}: " + "; ".join(notes)),

@@ -43,7 +43,7 @@ class Action:
     args: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
 
-def _addr_args(cidr: str) -> dict[str, Any]:
+def addr_args(cidr: str) -> dict[str, Any]:
     iface = ipaddress.ip_interface(cidr)
     family = socket.AF_INET if iface.version == 4 else socket.AF_INET6
     return {"address": str(iface.ip), "prefixlen": iface.network.prefixlen, "family": family}
@@ -91,7 +91,7 @@ def plan_rail(cfg: Config, rail: Rail, ifindex: int | None, drift: Iterable[Drif
                     k,
                     "addr_add",
                     f"{label}: add address {rail.address}",
-                    {"index": ifindex, **_addr_args(rail.address)},
+                    {"index": ifindex, **addr_args(rail.address)},
                 )
             )
         elif k in (DriftKind.ADDRESS_PREFIX, DriftKind.FOREIGN_ADDRESS):
@@ -101,7 +101,7 @@ def plan_rail(cfg: Config, rail: Rail, ifindex: int | None, drift: Iterable[Drif
                     k,
                     "addr_del",
                     f"{label}: remove address {d.detail}",
-                    {"index": ifindex, **_addr_args(d.detail)},
+                    {"index": ifindex, **addr_args(d.detail)},
                 )
             )
         elif k is DriftKind.ROUTE_MISSING and rail.table is not None:

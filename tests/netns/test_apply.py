@@ -185,22 +185,70 @@ def test_missing_interface(netns: Netns, agent_config: dict[str, Any], tmp_path:
     assert netns.addresses("r1") == ["10.11.0.5/24"]  # the other rail is still repaired
 
 
-def test_gid_shift_is_reported(
-    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
-) -> None:
+def fake_rdma(path: Path, qps: list[dict[str, Any]]) -> str:
+    """An `rdma` tool that lists the given QPs (`rdma -j res show qp`)."""
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(qps)}\nEOF\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+GSI = {"ifindex": 0, "ifname": "mlx5_0", "port": 1, "lqpn": 1, "type": "GSI", "state": "RTS",
+       "comm": "ib_core"}
+USER_QP = {"ifindex": 0, "ifname": "mlx5_0", "port": 1, "lqpn": 77, "type": "RC",
+           "state": "RTS", "pid": 4242, "comm": "all_reduce_perf"}
+
+
+def shifted(agent_config: dict[str, Any], tmp_path: Path, qps: list[dict[str, Any]]) -> Path:
+    """rail0 pinned at 3 with its GID at 5 (the fixture table), QPs as given."""
     from helpers import make_gid_tree, roce_entries
 
     agent_config["rails"][0]["gid_index"] = 3
-    cfg = write_config(tmp_path / "c.yaml", agent_config)
-    assert run_json(rails_ns, "apply", cfg)[0] == 0
+    agent_config["paths"]["rdma"] = fake_rdma(tmp_path / "rdma", qps)
     make_gid_tree(Path(agent_config["paths"]["sysfs"]), "mlx5_0",
                   roce_entries("r0", "10.10.0.5", ipv4_index=4))
-    code, out = run_json(rails_ns, "check", cfg)
+    return write_config(tmp_path / "c.yaml", agent_config)
+
+
+def test_gid_shift_under_a_live_qp_is_reported_and_left_alone(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = shifted(agent_config, tmp_path, [GSI, USER_QP])
+    code, out = run_json(rails_ns, "apply", cfg)
     assert code == 1
     gid = condition(out, "RoCEGIDStable")
     assert (gid["status"], gid["reason"]) == ("False", "GIDIndexShifted")
-    assert gid["message"] == "rail0 r0: IPv4 RoCE v2 GID at index 5, pinned 3 (mlx5_0 port 1)"
+    assert gid["message"] == (
+        "rail0 r0: IPv4 RoCE v2 GID at index 5, pinned 3 (mlx5_0 port 1); re-pin waits for "
+        "1 QP(s) on mlx5_0 port 1: QP 77 RC RTS (pid 4242 all_reduce_perf)")
+    assert not any("re-pin" in a for a in out["actions"])
     assert out["gid_source"] == "sysfs"
+
+
+def test_gid_shift_with_no_qp_left_is_repinned_by_apply(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The address is deleted and re-added (on a real kernel), its routes come back in the
+    same run. The fixture GID table does not move, so the shift is still reported after."""
+    cfg = shifted(agent_config, tmp_path, [GSI])
+    assert run_json(rails_ns, "apply", cfg)[0] == 1  # rails set up, the shift stays
+    _, dry = run_json(rails_ns, "apply", cfg, "--dry-run")
+    assert dry["actions"] == [
+        "rail0 r0: re-pin: remove address 10.10.0.5/24 (GID index 5 back to 3 on mlx5_0 "
+        "port 1)", "rail0 r0: re-pin: add address 10.10.0.5/24"]
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 1 and out["actions"][:2] == dry["actions"]
+    # the kernel dropped the rail's routes with the address: proof it went, and they are back
+    assert "route 10.10.0.0/24 dev r0 table 100" in " ".join(out["actions"][2:])
+    assert_rails_as_configured(rails_ns)
+    gid = condition(out, "RoCEGIDStable")
+    assert gid["message"].endswith("re-pinning: no QP uses the port")
+
+    agent_config["gid_repin"] = "never"
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 1 and out["actions"] == []
+    assert condition(out, "RoCEGIDStable")["message"].endswith(
+        "re-pinning is off (gid_repin: never)")
 
 
 def test_human_output_explains_itself(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import time
@@ -215,6 +217,7 @@ def test_a_crashed_daemon_restarts_with_its_learned_pins(
 ) -> None:
     from helpers import make_gid_tree, roce_entries
 
+    daemon_config["gid_repin"] = "never"
     proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
     proc.kill()
     proc.wait()
@@ -227,5 +230,47 @@ def test_a_crashed_daemon_restarts_with_its_learned_pins(
     wait_for(lambda: (cond(daemon_config, "RoCEGIDStable") or ("",))[0] == "False",
              timeout=20, what="shift seen after restart")
     assert cond(daemon_config, "RoCEGIDStable")[1:] == (  # type: ignore[index]
-        "GIDIndexShifted", "rail1 r1: IPv4 RoCE v2 GID at index 7, pinned 3 (mlx5_1 port 1)")
+        "GIDIndexShifted", "rail1 r1: IPv4 RoCE v2 GID at index 7, pinned 3 (mlx5_1 port 1); "
+        "re-pinning is off (gid_repin: never)")
+    assert stop_daemon(proc)[0] == 0
+
+
+def test_a_shifted_gid_is_repinned_once_its_last_qp_is_gone(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The QP list (a fake `rdma` reading a file the test rewrites) names a job's QP: the
+    daemon reports and waits, looking again every gid_repin_poll; the QP ends: the address
+    is deleted and re-added at once with its routes. The fixture GID table cannot follow,
+    so the rail stays shifted and the next attempt waits twice as long."""
+    from helpers import make_gid_tree, roce_entries
+
+    qps = tmp_path / "qps.json"
+    qps.write_text(json.dumps([
+        {"ifname": "mlx5_1", "port": 1, "lqpn": 1, "type": "GSI", "state": "RTS",
+         "comm": "ib_core"},
+        {"ifname": "mlx5_1", "port": 1, "lqpn": 90, "type": "RC", "state": "RTS",
+         "pid": 777, "comm": "nccl-tests"}]))
+    rdma = tmp_path / "rdma"
+    rdma.write_text(f"#!/bin/sh\ncat {qps}\n")
+    rdma.chmod(0o755)
+    daemon_config["paths"]["rdma"] = str(rdma)
+    daemon_config["gid_repin_poll"] = "0.5s"
+    daemon_config["rails"][1]["gid_index"] = 3
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    make_gid_tree(Path(daemon_config["paths"]["sysfs"]), "mlx5_1",
+                  roce_entries("r1", "10.11.0.5", ipv4_index=6))
+    os.kill(proc.pid, signal.SIGHUP)  # a pass now (the GID table sends no events)
+    wait_for(lambda: "re-pin waits for 1 QP(s)" in (cond(daemon_config, "RoCEGIDStable")
+                                                    or ("", "", ""))[2], what="waiting")
+    assert "pid 777 nccl-tests" in cond(daemon_config, "RoCEGIDStable")[2]  # type: ignore[index]
+    time.sleep(1.5)  # three polls
+    assert "re-pin: remove" not in daemon_log(proc), "never while a QP uses the port"
+    qps.write_text(json.dumps([json.loads(qps.read_text())[0]]))  # the job ended
+    wait_for(lambda: "re-pin: add address 10.11.0.5/24" in daemon_log(proc), what="re-pin")
+    wait_for(lambda: rails_ns.routes(101) != [], what="the rail's route back")
+    assert rails_ns.addresses("r1") == ["10.11.0.5/24"]
+    data = status_of(daemon_config)
+    assert data is not None
+    rail1 = next(r for r in data["rails"] if r["name"] == "rail1")
+    assert rail1["repairs_total"].get("GIDIndexShifted", 0) >= 2  # delete + add
     assert stop_daemon(proc)[0] == 0

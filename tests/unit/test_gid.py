@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from helpers import gid_text, make_gid_tree, roce_entries
 
-from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.gid import GidShift, gid_finding
 from nodeagent.config import parse_config
-from nodeagent.model import GidEntry, GidTable, GidType, Pin
+from nodeagent.model import DriftKind, GidEntry, GidTable, GidType, Pin
 from nodeagent.probes.gid import (
     entry_from_pyverbs,
     gid_type_from_entry,
@@ -20,6 +20,8 @@ from nodeagent.probes.gid import (
     read_gid_table,
     read_sysfs,
 )
+from nodeagent.probes.qp import parse_qps, read_qps
+from nodeagent.remedies.gid import plan_repin
 
 
 def cfg(**rail: object):  # type: ignore[no-untyped-def]
@@ -187,7 +189,103 @@ def test_shifted_gid() -> None:
     verdict = gid_finding(cfg(gid_index=3), table_with(5), {})
     assert (verdict.finding.status, verdict.finding.reason) == ("False", "GIDIndexShifted")
     assert verdict.finding.message == (
-        "rail0 ens1f0: IPv4 RoCE v2 GID at index 5, pinned 3 (mlx5_0 port 1)")
+        "rail0 ens1f0: IPv4 RoCE v2 GID at index 5, pinned 3 (mlx5_0 port 1); "
+        "re-pin waits: QPs not looked at yet")
+    assert verdict.shifts == {"rail0": GidShift("mlx5_0", 1, 5, 3, None)}
+    assert verdict.repin == ()
+
+
+# Output of `rdma -j res show qp` (iproute2 6.1) in the lab guest: ib_core's GSI QPs of
+# two soft-RoCE devices, and a live user RC QP pair on rxe0.
+QPS_GSI_ONLY = (
+    '[{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":1,"type":"GSI","state":"RTS",'
+    '"sq-psn":0,"comm":"ib_core"},{"ifindex":1,"ifname":"rxe1","port":1,"lqpn":1,'
+    '"type":"GSI","state":"RTS","sq-psn":0,"comm":"ib_core"}]')
+QPS_USER = QPS_GSI_ONLY[:-1] + (
+    ',{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":17,"rqpn":18,"type":"RC","state":"RTS",'
+    '"sq-psn":0,"rq-psn":0,"path-mig-state":"MIGRATED","pid":412,"comm":"python3"}'
+    ',{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":18,"rqpn":17,"type":"RC","state":"RTS",'
+    '"sq-psn":0,"rq-psn":0,"path-mig-state":"MIGRATED","pid":412,"comm":"python3"}]')
+
+
+def rxe_table(index: int, pinned_slot: str | None = None) -> GidTable:
+    entries = [GidEntry("rxe0", 1, 0, "fe80::5054:ff:fe00:101", GidType.ROCE_V2, "ens4"),
+               GidEntry("rxe0", 1, index, "::ffff:10.10.0.5", GidType.ROCE_V2, "ens4")]
+    if pinned_slot:
+        entries.append(GidEntry("rxe0", 1, 1, pinned_slot, GidType.ROCE_V2, "ens4"))
+    return GidTable(source="sysfs", entries=tuple(entries))
+
+
+def rxe_cfg(**top: object):  # type: ignore[no-untyped-def]
+    return parse_config({"rails": [{"name": "rail0", "interface": "ens4",
+                                    "address": "10.10.0.5/24", "gid_index": 1}], **top})
+
+
+def test_parse_qps_tells_user_from_kernel_qps() -> None:
+    qps = parse_qps(QPS_USER)
+    assert qps.error is None and len(qps.qps) == 4
+    assert [q.describe() for q in qps.using("rxe0", 1)] == [
+        "QP 17 RC RTS (pid 412 python3)", "QP 18 RC RTS (pid 412 python3)"]
+    assert qps.using("rxe1", 1) == [], "GSI (QP1) never holds a RoCE GID"
+    assert parse_qps(QPS_GSI_ONLY).using("rxe0", 1) == []
+    assert parse_qps("").qps == ()
+
+
+@pytest.mark.parametrize("text", ["not json", '{"ifname": "rxe0"}', '[{"lqpn": 3}]', "[1]"])
+def test_parse_qps_refuses_what_it_cannot_read(text: str) -> None:
+    """'No QP' allows a re-pin, so output that cannot be read is an error, never empty."""
+    qps = parse_qps(text)
+    assert qps.error is not None and qps.error.startswith("rdma res show qp: ")
+
+
+def test_read_qps_tool_missing_or_failing(tmp_path: Path) -> None:
+    assert "rdma res show qp:" in (read_qps(str(tmp_path / "nosuch")).error or "")
+    tool = tmp_path / "rdma"
+    tool.write_text("#!/bin/sh\necho 'error: netlink says no' >&2\nexit 1\n")
+    tool.chmod(0o755)
+    assert read_qps(str(tool)).error == "rdma res show qp: error: netlink says no"
+    tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{QPS_USER}\nEOF\n")
+    assert len(read_qps(str(tool)).qps) == 4
+
+
+def test_shift_under_a_live_qp_waits_and_names_it() -> None:
+    verdict = gid_finding(rxe_cfg(), rxe_table(2), {}, parse_qps(QPS_USER))
+    assert verdict.finding.reason == "GIDIndexShifted" and verdict.repin == ()
+    assert verdict.finding.message == (
+        "rail0 ens4: IPv4 RoCE v2 GID at index 2, pinned 1 (rxe0 port 1); re-pin waits for "
+        "2 QP(s) on rxe0 port 1: QP 17 RC RTS (pid 412 python3), QP 18 RC RTS "
+        "(pid 412 python3)")
+
+
+def test_shift_with_no_qp_left_may_be_repinned() -> None:
+    verdict = gid_finding(rxe_cfg(), rxe_table(2), {}, parse_qps(QPS_GSI_ONLY))
+    assert verdict.finding.status == "False", "still shifted until the re-pin is seen"
+    assert verdict.repin == ("rail0",)
+    assert verdict.finding.message.endswith("; re-pinning: no QP uses the port")
+
+
+def test_shift_is_only_reported_when_repinning_is_off_or_impossible() -> None:
+    never = gid_finding(rxe_cfg(gid_repin="never"), rxe_table(2), {}, parse_qps(QPS_GSI_ONLY))
+    assert never.repin == () and never.finding.message.endswith(
+        "re-pinning is off (gid_repin: never)")
+    taken = gid_finding(rxe_cfg(), rxe_table(2, pinned_slot="::ffff:10.99.0.1"), {},
+                        parse_qps(QPS_GSI_ONLY))
+    assert taken.repin == () and taken.finding.message.endswith(
+        "index 1 now holds ::ffff:10.99.0.1: re-pin cannot land there")
+    unknown = gid_finding(rxe_cfg(), rxe_table(2), {}, parse_qps("garbage"))
+    assert unknown.repin == () and "re-pin waits: QPs unknown (rdma res show qp:" in (
+        unknown.finding.message)
+
+
+def test_repin_plan_deletes_then_adds_the_rails_address() -> None:
+    rail = rxe_cfg().rails[0]
+    actions = plan_repin(rail, 7, GidShift("rxe0", 1, 2, 1, None))
+    assert [(a.op, a.kind) for a in actions] == [("addr_del", DriftKind.GID_SHIFTED),
+                                                 ("addr_add", DriftKind.GID_SHIFTED)]
+    assert actions[0].args == actions[1].args == {
+        "index": 7, "address": "10.10.0.5", "prefixlen": 24, "family": socket.AF_INET}
+    assert "GID index 2 back to 1 on rxe0 port 1" in actions[0].text
+    assert plan_repin(rail, None, GidShift("rxe0", 1, 2, 1, None)) == []
 
 
 def test_first_pass_learns_and_later_pass_uses_learned_pin() -> None:
