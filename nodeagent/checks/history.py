@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from nodeagent.model import DriftKind, LinkState
 
 
+def _older(value: int | None, seen: int | None) -> bool:
+    return value is not None and seen is not None and value < seen
+
+
 @dataclass
 class FlapTracker:
     """Counts carrier losses from the kernel's own counters in a sliding window.
@@ -24,6 +28,7 @@ class FlapTracker:
     dwell: float
     total: int = 0  # carrier losses seen since the agent started
     _losses: deque[float] = field(default_factory=deque)
+    _index: int | None = None
     _down_count: int | None = None
     _changes: int | None = None
     _carrier: bool | None = None
@@ -31,6 +36,17 @@ class FlapTracker:
     _flapping: bool = False
 
     def observe(self, now: float, link: LinkState) -> None:
+        """One look at the link: a netlink event or a probe. Events are read when the main
+        loop drains its queue, so one can be older than a probe already observed: a sample
+        whose kernel counters went backwards is that, and is skipped (taking its counter as
+        the new base would count the losses in between twice). A new ifindex is a new
+        device, whose counters start again."""
+        if self._index is not None and link.index != self._index:
+            self._down_count = self._changes = None
+        self._index = link.index
+        if (_older(link.carrier_changes, self._changes)
+                or _older(link.carrier_down_count, self._down_count)):
+            return
         losses = 0
         changed = False
         if link.carrier_down_count is not None:

@@ -197,6 +197,20 @@ def test_flap_tracker_stays_flapping_while_changes_continue() -> None:
     assert not t.flapping(9.0)
 
 
+def test_flap_tracker_skips_an_event_older_than_a_probe_it_has_seen() -> None:
+    """Found by the lab soak (200 flaps): a queued event's counters, read after a newer
+    probe, moved the base back and the next look counted one loss twice."""
+    t = FlapTracker(window=10, max_flaps=5, dwell=1)
+    t.observe(0.0, carrier(10, 20, True))
+    t.observe(1.0, carrier(11, 22, True))  # the probe: one loss since
+    t.observe(1.1, carrier(11, 21, False))  # the queued event of that loss, read late
+    t.observe(2.0, carrier(11, 22, True))  # the next probe: nothing new
+    assert t.total == 1
+    t.observe(3.0, link(index=99, carrier=True, carrier_down_count=0, carrier_changes=0))
+    t.observe(4.0, link(index=99, carrier=True, carrier_down_count=1, carrier_changes=2))
+    assert t.total == 2, "a re-created device's counters start again"
+
+
 def test_flap_tracker_without_kernel_counters_counts_transitions() -> None:
     t = FlapTracker(window=10, max_flaps=1, dwell=1)
     for i, up in enumerate([True, False, True, False]):
