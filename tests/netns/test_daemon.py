@@ -269,8 +269,11 @@ def test_a_shifted_gid_is_repinned_once_its_last_qp_is_gone(
     wait_for(lambda: "re-pin: add address 10.11.0.5/24" in daemon_log(proc), what="re-pin")
     wait_for(lambda: rails_ns.routes(101) != [], what="the rail's route back")
     assert rails_ns.addresses("r1") == ["10.11.0.5/24"]
-    data = status_of(daemon_config)
-    assert data is not None
-    rail1 = next(r for r in data["rails"] if r["name"] == "rail1")
-    assert rail1["repairs_total"].get("GIDIndexShifted", 0) >= 2  # delete + add
+
+    def repins() -> int:  # the status file follows the log line at the end of the pass
+        rails = (status_of(daemon_config) or {}).get("rails", [])
+        rail1 = next((r for r in rails if r["name"] == "rail1"), {})
+        return int(rail1.get("repairs_total", {}).get("GIDIndexShifted", 0))
+
+    wait_for(lambda: repins() >= 2, what="the re-pin counted (delete + add)")
     assert stop_daemon(proc)[0] == 0
