@@ -5,6 +5,9 @@ agent; then the agent, as its systemd service, on the same rails."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import threading
 import time
 
 from helpers import wait_for
@@ -89,7 +92,7 @@ def test_2a_carrier_loss_keeps_address_and_gid(guest: VM) -> None:
     assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index
 
 
-def test_2b_address_deleted_under_a_live_qp_is_restored_and_the_shift_reported(
+def test_2b_address_deleted_under_a_live_qp_is_restored_the_shift_reported_then_repinned(
     guest: VM,
 ) -> None:
     start_agent(guest)
@@ -105,6 +108,23 @@ def test_2b_address_deleted_under_a_live_qp_is_restored_and_the_shift_reported(
     message = next(c["message"] for c in status(guest)["conditions"]
                    if c["type"] == "RoCEGIDStable")
     assert f"index {moved}, pinned {index}" in message
+    assert "re-pin waits for" in message and "python3" in message, message
+    # While the QP lives the rail is left alone (the agent looks again every 5 s).
+    for _ in range(6):
+        time.sleep(1)
+        assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") == moved
+    # The QP ends: the agent re-pins (address deleted and re-added) and the GID is home.
+    guest.ssh("pkill -f '/root/guest/[q]p_holder'")
+    wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
+             "the GID back on its pinned index")
+    wait_for(lambda: condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned"), 20,
+             "RoCEGIDStable True again")
+    assert addresses(guest, "ens4") == ["10.10.0.5/24"]
+    assert 1000 in rule_priorities(guest)
+    journal = guest.ssh("journalctl -u nodeagent --no-pager RAIL=rail0").stdout
+    assert "re-pin: remove address 10.10.0.5/24" in journal, journal[-2000:]
+    routes = guest.ssh("ip -j route show table 100").stdout
+    assert "10.10.0.0/24" in routes, "the rail's routes came back with its address"
 
 
 def test_2c_networkd_restart_the_agent_restores_the_rules(guest: VM) -> None:
@@ -149,3 +169,117 @@ def test_2_watchdog_restarts_a_wedged_agent(guest: VM) -> None:
     assert "Watchdog timeout" in log, log[-2000:]
     wait_for(lambda: guest.ssh("systemctl is-active nodeagent", check=False).stdout.strip()
          == "active", 120, "active again")
+
+
+def test_2e_kernel_traffic_is_told_from_rdma_traffic(guest: VM) -> None:
+    """Fabric-use evidence on real counters. UDP through rail0's netdev with no RDMA:
+    TrafficNotOnFabric. The same plus RDMA through soft-RoCE (ibv_rc_pingpong on rxe0, which
+    counts packets in hw_counters; it has no byte counters): TrafficOnFabric."""
+    start_agent(guest, resync_interval="2s", metrics={"listen": "127.0.0.1:9464"},
+                fabric_traffic={"expect": "always", "window": "10s",
+                                "min_kernel_bytes": 5 << 20})
+    # a neighbour nobody is: every frame leaves ens4, ens5 (another MAC) never counts it
+    guest.ssh("ip neigh replace 10.10.0.99 lladdr 52:54:00:00:99:99 dev ens4 nud permanent")
+    guest.ssh("nohup python3 /root/guest/udp_blast.py 10.10.0.99 600 > /dev/null 2>&1 &")
+    wait_for(lambda: condition(guest, "FabricTrafficOnRDMA") == ("False", "TrafficNotOnFabric"),
+             90, "TrafficNotOnFabric while only the kernel moves bytes")
+    message = next(c["message"] for c in status(guest)["conditions"]
+                   if c["type"] == "FabricTrafficOnRDMA")
+    assert "rail0 ens4:" in message and "0 packets over RDMA (rxe0 port 1)" in message, message
+    assert "rail1" not in message, message
+    index = ipv4_gid_index(guest, "rxe0", "10.10.0.5")
+    pingpong = f"ibv_rc_pingpong -d rxe0 -g {index} -s 4096 -n 1000000"
+    guest.ssh(f"nohup {pingpong} > /root/pp-server.log 2>&1 &")
+    time.sleep(1)
+    guest.ssh(f"nohup {pingpong} 127.0.0.1 > /root/pp-client.log 2>&1 &")
+    wait_for(lambda: condition(guest, "FabricTrafficOnRDMA") == ("True", "TrafficOnFabric"), 90,
+             "TrafficOnFabric once RDMA moves too")
+    rail0 = next(r for r in status(guest)["rails"] if r["name"] == "rail0")
+    assert rail0["rdma_tx_packets"] > 0 and rail0["rdma_tx_bytes"] is None, rail0
+    metrics = guest.ssh("python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                        "'http://127.0.0.1:9464/metrics').read().decode())\"").stdout
+    assert 'nodeagent_rail_rdma_transmit_packets_total{interface="ens4",rail="rail0"}' in (
+        metrics), metrics[-1500:]
+
+
+# ---------------------------------------------------------------- 3. soak
+
+
+def test_3_soak_carrier_flaps_on_two_rails_under_live_qps(guest: VM) -> None:
+    """SOAK_FLAPS (default 200) carrier losses of 0.1-5 s, split over both rails and run
+    at once, while a QP pair holds each rail's GID: the GIDs never leave their slots (a
+    guest-side watcher reads the pinned slots every 20 ms), no address is lost, the agent
+    counts every flap, reports LinkFlapping while it lasts and clears it after the dwell."""
+    flaps = int(os.environ.get("SOAK_FLAPS", "200"))
+    dwell = 5.0
+    start_agent(guest, link_flap={"window": "30s", "max_flaps": 3, "dwell": f"{dwell}s"})
+    pins = {}
+    for rail in ("rail0", "rail1"):
+        device, ip = ("rxe0", "10.10.0.5") if rail == "rail0" else ("rxe1", "10.11.0.5")
+        pins[rail] = wait_for(lambda d=device, i=ip: ipv4_gid_index(guest, d, i), 10, "GID")
+        hold_qp(guest, device, pins[rail])
+    guest.ssh("nohup python3 /root/guest/gid_watch.py /root/gid-watch.log "
+              f"rxe0:{pins['rail0']}:10.10.0.5 rxe1:{pins['rail1']}:10.11.0.5 "
+              "> /root/gid-watch.out 2>&1 &")
+    wait_for(lambda: "watching" in guest.ssh("cat /root/gid-watch.out").stdout, 20, "watcher")
+
+    # One timeline for both rails (one monitor connection: QEMU serves one client).
+    rng = random.Random(4)
+    timeline: list[tuple[float, str, bool]] = []
+    for n, rail in enumerate(("rail0", "rail1")):
+        t = 0.0
+        for _ in range(flaps // 2 + (flaps % 2 if n == 0 else 0)):
+            down = rng.uniform(0.1, 5.0)
+            timeline += [(t, rail, False), (t + down, rail, True)]
+            t += down + rng.uniform(0.1, 0.3)
+    timeline.sort()
+    down_counts = "cat /sys/class/net/ens[45]/carrier_down_count"
+    kernel_before = [int(n) for n in guest.ssh(down_counts).stdout.split()]
+    seen_flapping: list[str] = []
+    done = threading.Event()
+
+    def sample() -> None:  # what the agent says while the soak runs
+        while not done.wait(10):
+            reason = condition(guest, "RoCENetworkReady")[1]
+            seen_flapping.append(reason)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    try:
+        with guest.monitor_session() as monitor:
+            for at, rail, up in timeline:
+                delay = started + at - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                monitor.set_link(rail, up)
+    finally:
+        done.set()
+        with guest.monitor_session() as monitor:
+            monitor.set_link("rail0", True)
+            monitor.set_link("rail1", True)
+    soak = time.monotonic() - started
+    sampler.join(30)
+
+    assert "LinkFlapping" in seen_flapping, seen_flapping
+    wait_for(lambda: condition(guest, "RoCENetworkReady") == ("True", "RailsConfigured"),
+             dwell + 60, "LinkFlapping cleared after the dwell")
+    state = status(guest)
+    losses = {r["name"]: r.get("carrier_losses_total") for r in state["rails"]}
+    caused = {rail: sum(1 for _, r, up in timeline if r == rail and not up)
+              for rail in ("rail0", "rail1")}
+    kernel_after = [int(n) for n in guest.ssh(down_counts).stdout.split()]
+    kernel = {rail: kernel_after[n] - kernel_before[n] for n, rail in enumerate(caused)}
+    # The agent counts what the kernel counted (carrier_down_count); every flap caused is
+    # among them (the emulated NIC has been seen to add a stray loss of its own).
+    assert losses == kernel, f"the agent counted {losses}, the kernel {kernel}"
+    assert all(kernel[r] >= caused[r] for r in caused), f"caused {caused}, kernel {kernel}"
+    moved = guest.ssh("cat /root/gid-watch.log").stdout
+    assert moved == "", f"GID slots changed during the soak:\n{moved[:2000]}"
+    assert addresses(guest, "ens4") == ["10.10.0.5/24"]
+    assert addresses(guest, "ens5") == ["10.11.0.5/24"]
+    assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") == pins["rail0"]
+    assert ipv4_gid_index(guest, "rxe1", "10.11.0.5") == pins["rail1"]
+    assert condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned")
+    print(f"soak: {sum(caused.values())} flaps caused in {soak:.0f}s, kernel saw {kernel}, "
+          f"agent counted {losses}, GID slot changes: 0")

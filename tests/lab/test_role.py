@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from labkit import RAILS, status
+from labkit import RAILS
 from vm import VM
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,8 +116,9 @@ def test_role_installs_the_agent_and_settings_then_changes_nothing(
     assert code == 0 and recap["changed"] > 0 and recap["failed"] == 0, out
     assert bare.ssh("systemctl is-active nodeagent; systemctl is-enabled nodeagent"
                     ).stdout.split() == ["active", "enabled"]
-    state = status(bare)
+    state = json.loads(bare.ssh("/opt/nodeagent/venv/bin/nodeagent status --json").stdout)
     assert state["daemon"]["passes"] >= 1 and state["ok"], state
+    assert state["daemon"]["running"] and not state["daemon"]["stale"], state
     config = yaml.safe_load(bare.ssh("cat /etc/nodeagent/config.yaml").stdout)
     assert config["rails"] == RAILS and config["node_name"] == "lab"
     assert config["resync_interval"] == "30s" and "kubernetes" not in config
