@@ -296,6 +296,13 @@ class Config(_Strict):
             raise ValueError(f"{v}s is too short (at least 1s)")
         return v
 
+    @field_validator("gid_repin_poll")
+    @classmethod
+    def _repin_poll(cls, v: float) -> float:
+        if v < 0.1:
+            raise ValueError(f"{v}s is too short (at least 100ms)")
+        return v
+
     def resolved_node_name(self) -> str:
         return self.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
 

@@ -156,6 +156,12 @@ def test_resync_interval_floor() -> None:
         "resync_interval: 0.1s is too short (at least 1s)"]
 
 
+def test_gid_repin_choices_and_poll_floor() -> None:
+    assert problems({"gid_repin": "sometimes", "gid_repin_poll": "10ms"}) == [
+        "gid_repin: Input should be 'auto' or 'never' (got 'sometimes')",
+        "gid_repin_poll: 0.01s is too short (at least 100ms)"]
+
+
 def test_load_config_file_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "absent.yaml")
