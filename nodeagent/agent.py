@@ -250,17 +250,11 @@ class Agent:
                 self.flaps[name].observe(now, obs.link)
         _, overrides = self.overrides()  # the guard and flap verdicts after this pass
         report = self.evaluator.judge(repairs, overrides)
-        repinned = self.evaluator.repin()
-        if repinned.done or repinned.errors:
-            # The address went away and came back, and its routes with it: repair and judge
-            # the re-pinned rails again, in this same pass.
-            again = self.evaluator.probe_and_repair(repinned.done, repair=True,
-                                                    skip_repair=paused)
+        repinned = self.evaluator.repin(skip_repair=paused)
+        if repinned.done or repinned.errors:  # judged again in this same pass
             # our own doing, not a fight with another manager: kept out of the repair guard
-            self._count_repairs(now, again, guard=False)
             self._count_repairs(now, repinned, guard=False)
             repairs.merge(repinned)
-            repairs.merge(again)
             report = self.evaluator.judge(repairs, overrides)
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started

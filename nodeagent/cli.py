@@ -136,8 +136,6 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             repinned = evaluator.repin(dry_run=dry_run)
             if repinned.done or repinned.errors:
                 repairs.merge(repinned)
-                if not dry_run:  # the address came back without its routes
-                    repairs.merge(evaluator.probe_and_repair(repinned.done, repair=True))
                 report = evaluator.judge(repairs)
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)

@@ -260,6 +260,12 @@ class Kubernetes(_Strict):
     event_rate: float = Field(default=0.2, gt=0)  # ... refilled at this many per second
 
 
+def _at_least(seconds: float, floor: float, shown: str) -> float:
+    if seconds < floor:
+        raise ValueError(f"{seconds}s is too short (at least {shown})")
+    return seconds
+
+
 class Config(_Strict):
     node_name: str | None = None  # default: $NODE_NAME, else the hostname
     paths: Paths = Paths()
@@ -292,16 +298,12 @@ class Config(_Strict):
     @field_validator("resync_interval")
     @classmethod
     def _resync(cls, v: float) -> float:
-        if v < 1.0:
-            raise ValueError(f"{v}s is too short (at least 1s)")
-        return v
+        return _at_least(v, 1.0, "1s")
 
     @field_validator("gid_repin_poll")
     @classmethod
     def _repin_poll(cls, v: float) -> float:
-        if v < 0.1:
-            raise ValueError(f"{v}s is too short (at least 100ms)")
-        return v
+        return _at_least(v, 0.1, "100ms")  # 0 would spin the main loop
 
     def resolved_node_name(self) -> str:
         return self.node_name or os.environ.get("NODE_NAME") or socket.gethostname()

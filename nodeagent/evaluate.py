@@ -16,7 +16,7 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
-from nodeagent.checks.gid import GidVerdict, gid_finding, rail_entries
+from nodeagent.checks.gid import GidVerdict, gid_finding, ipv4_v2_entries, rail_entries
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
@@ -28,7 +28,6 @@ from nodeagent.model import (
     Drift,
     Finding,
     GidTable,
-    GidType,
     QueuePairs,
     RailCounters,
     RailObservation,
@@ -87,6 +86,16 @@ class Repairs:
 
     def texts(self) -> list[str]:
         return [a.text for acts in self.done.values() for a in acts] + self.other
+
+    def record(self, rail: str, done: list[Action], errors: list[str]) -> None:
+        """What ran on a rail (logged as repaired) and what failed (logged as errors)."""
+        self.errors.extend(errors)
+        for line in errors:
+            log.error("%s", line)
+        if done:
+            self.done[rail] = done
+            for a in done:
+                log.info("repaired %s", a.text, extra={RAIL: rail})
 
     def merge(self, other: Repairs) -> None:
         for name, actions in other.done.items():
@@ -159,24 +168,20 @@ class Evaluator:
             if dry_run:
                 out.done[name] = actions
                 continue
-            done, errs = execute(self.ipr, self.cfg.paths.procfs, self.rails, actions)
-            out.errors.extend(errs)
-            for line in errs:
-                log.error("%s", line)
-            if done:
-                out.done[name] = done
-                for a in done:
-                    log.info("repaired %s", a.text, extra={RAIL: name})
+            out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         if out.done and not dry_run:
             self._observe(self.rails[n] for n in out.done)
         return out
 
-    def repin(self, dry_run: bool = False) -> Repairs:
+    def repin(
+        self, dry_run: bool = False, skip_repair: Mapping[str, str] | None = None,
+    ) -> Repairs:
         """Re-pin the shifted rails the latest judgement allows (no QP on the port, pinned
-        slot free). A rail still shifted after a re-pin waits twice as long before the next
+        slot free), then repair those rails (the kernel dropped their routes with the
+        address). A rail still shifted after a re-pin waits twice as long before the next
         (gid_repin_poll, doubling up to 128x): something the QP list does not show holds
         the slot, and the rail's address must not blink every few seconds. Returns what
-        ran (or, with dry_run, would run); the caller re-probes and judges again."""
+        ran (or, with dry_run, would run); the caller judges again."""
         out = Repairs()
         verdict = self.gid_verdict
         if verdict is None:
@@ -193,22 +198,16 @@ class Evaluator:
             attempts = self._repin_attempts.get(name, 0)
             self._repin_attempts[name] = attempts + 1
             self._repin_next[name] = now + self.cfg.gid_repin_poll * 2 ** min(attempts, 7)
-            done, errs = repin(self.ipr, self.cfg.paths.procfs, rail, actions,
-                               functools.partial(self._ipv4_gid_index, rail))
-            out.errors.extend(errs)
-            for line in errs:
-                log.error("%s", line)
-            if done:
-                out.done[name] = done
-                for a in done:
-                    log.info("repaired %s", a.text, extra={RAIL: name})
+            out.record(name, *repin(self.ipr, self.cfg.paths.procfs, rail, actions,
+                                    functools.partial(self._ipv4_gid_index, rail)))
+        if out.done and not dry_run:
+            out.merge(self.probe_and_repair(list(out.done), repair=True,
+                                            skip_repair=skip_repair))
         return out
 
     def _ipv4_gid_index(self, rail: Rail) -> int | None:
-        table = read_gid_table(self.cfg.gid_source, self.cfg.paths.sysfs)
-        found = [e.index for e in rail_entries(rail, table)
-                 if e.gid_type is GidType.ROCE_V2 and e.ipv4 == rail.ip]
-        return min(found) if found else None
+        found = ipv4_v2_entries(rail, read_gid_table(self.cfg.gid_source, self.cfg.paths.sysfs))
+        return found[0].index if found else None
 
     def judge(
         self,

@@ -52,6 +52,13 @@ def rail_entries(rail: Rail, table: GidTable) -> list[GidEntry]:
     ]
 
 
+def ipv4_v2_entries(rail: Rail, table: GidTable) -> list[GidEntry]:
+    """The rail's IPv4 RoCE v2 GIDs (normally one), lowest index first."""
+    return sorted((e for e in rail_entries(rail, table)
+                   if e.gid_type is GidType.ROCE_V2 and e.ipv4 == rail.ip),
+                  key=lambda e: e.index)
+
+
 def pin_for(rail: Rail, learned: Mapping[str, Pin]) -> Pin | None:
     if rail.gid_index is not None:
         return Pin(index=rail.gid_index, device=rail.rdma_device, port=rail.rdma_port)
@@ -111,10 +118,7 @@ def gid_finding(
                     )
                 )
             continue
-        v2 = sorted(
-            (e for e in entries if e.gid_type is GidType.ROCE_V2 and e.ipv4 == rail.ip),
-            key=lambda e: e.index,
-        )
+        v2 = ipv4_v2_entries(rail, table)
         if not v2:
             problems.append(
                 (

@@ -234,22 +234,14 @@ class VM:
         self.ssh(f"mkdir -p {shlex.quote(str(Path(remote).parent))} && "
                  f"cat > {shlex.quote(remote)} <<'LAB_EOF'\n{text}\nLAB_EOF")
 
-    def monitor(self, command: str) -> str:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(10)
-            s.connect(str(self.monitor_path))
-            s.recv(4096)  # banner and prompt
-            s.sendall(command.encode() + b"\n")
-            time.sleep(0.2)
-            return s.recv(4096).decode(errors="replace")
-
     def monitor_session(self) -> MonitorSession:
         """One monitor connection for many commands (QEMU serves one client at a time)."""
         return MonitorSession(self.monitor_path)
 
     def set_link(self, rail: str, up: bool) -> None:
         """True carrier loss (or return) on the guest NIC of `rail` (rail0: ens4, rail1: ens5)."""
-        self.monitor(f"set_link {rail} {'on' if up else 'off'}")
+        with self.monitor_session() as monitor:
+            monitor.set_link(rail, up)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
