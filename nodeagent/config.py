@@ -8,15 +8,17 @@ that has any problem.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -25,12 +27,19 @@ from pydantic import (
     field_validator,
 )
 
+from nodeagent.fsutil import CONFIG_MAX, describe_error, read_text_bounded
+
 DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.yaml"
 CONFIG_ENV = "NODEAGENT_CONFIG"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_IFNAME = re.compile(r"^[^\s/:]{1,15}$")  # kernel IFNAMSIZ-1, no '/', ':' or whitespace
+MAX_DURATION = 7 * 24 * 3600.0  # no interval, timeout or window is longer than a week
+# Kubernetes names: a DNS-1123 subdomain (Node names), a qualified name (taint keys).
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"^{_DNS_LABEL}(?:\.{_DNS_LABEL})*$")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_RAIL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 # Linux reserves these routing tables: 253 default, 254 main, 255 local (0 = unspecified).
 _RESERVED_TABLES = {0, 253, 254, 255}
 
@@ -43,22 +52,81 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+def _shown(value: Any) -> str:
+    """A value quoted in an error line, never longer than a line should be."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def parse_duration(value: Any) -> float:
-    """'5s', '500ms', '2m', '1h' or a plain number of seconds -> seconds (float)."""
+    """'5s', '500ms', '2m', '1h' or a plain number of seconds -> seconds (float), finite and
+    at most a week."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 500ms, 2m)")
     if isinstance(value, int | float):
-        seconds = float(value)
+        seconds = float(value) if abs(value) < 1e300 or value != value else math.inf
     elif isinstance(value, str) and (m := _DURATION.match(value)):
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     else:
-        raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 500ms, 2m)")
+        raise ValueError(f"{_shown(value)} is not a duration (use e.g. 30s, 500ms, 2m)")
+    if math.isnan(seconds):
+        raise ValueError("NaN is not a duration")
     if seconds < 0:
-        raise ValueError(f"{value!r} is negative")
+        raise ValueError(f"{_shown(value)} is negative")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"{_shown(value)} is longer than a week ({MAX_DURATION:g}s)")
     return seconds
 
 
+def _at_least(floor: float, shown: str) -> Callable[[float], float]:
+    def check(seconds: float) -> float:
+        if seconds < floor:
+            raise ValueError(f"{seconds:g}s is too short (at least {shown})")
+        return seconds
+    return check
+
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+# Anything a loop waits on between rounds: 0 would spin a thread.
+Interval = Annotated[float, BeforeValidator(parse_duration),
+                     AfterValidator(_at_least(0.1, "100ms"))]
+Timeout = Annotated[float, BeforeValidator(parse_duration),
+                    AfterValidator(_at_least(0.01, "10ms"))]
+
+
+def _not_empty(value: Any) -> Any:
+    if value == "":
+        raise ValueError("is empty (an absolute path is required)")
+    return value
+
+
+def _absolute_path(value: Path) -> Path:
+    text = str(value)
+    if "\0" in text:
+        raise ValueError("contains a NUL byte")
+    if not value.is_absolute():
+        raise ValueError(f"{_shown(text)} is not an absolute path")
+    return value
+
+
+def _command_name(value: str) -> str:
+    """A program: a name looked up on PATH, or an absolute path."""
+    if not value or "\0" in value or ("/" in value and not value.startswith("/")):
+        raise ValueError(f"{_shown(value)} is neither a command name nor an absolute path")
+    return value
+
+
+AbsPath = Annotated[Path, BeforeValidator(_not_empty), AfterValidator(_absolute_path)]
+Command = Annotated[str, AfterValidator(_command_name)]
+
+
+def _nonempty_text(value: str) -> str:
+    if not value.strip() or not value.isprintable():
+        raise ValueError(f"{_shown(value)} must be non-empty printable text")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_nonempty_text)]
 
 
 class _Strict(BaseModel):
@@ -67,10 +135,10 @@ class _Strict(BaseModel):
 
 
 class Paths(_Strict):
-    sysfs: Path = Path("/sys")
-    procfs: Path = Path("/proc")
-    lfs: str = "lfs"  # the Lustre `lfs` tool (name on PATH or a path); skipped when absent
-    rdma: str = "rdma"  # iproute2's `rdma` tool: lists QPs before a GID is re-pinned
+    sysfs: AbsPath = Path("/sys")
+    procfs: AbsPath = Path("/proc")
+    lfs: Command = "lfs"  # the Lustre `lfs` tool (name on PATH or a path); skipped when absent
+    rdma: Command = "rdma"  # iproute2's `rdma` tool: lists QPs before a GID is re-pinned
 
 
 # Rail sysctls the agent knows how to enforce: name -> (procfs subtree, allowed values).
@@ -98,36 +166,67 @@ def _check_sysctls(value: dict[str, int]) -> dict[str, int]:
     return value
 
 
+def check_ifname(v: str) -> str:
+    """The kernel's dev_valid_name(): 1-15 bytes, not '.' or '..', no '/', ':', NUL or
+    whitespace."""
+    why = None
+    if not v:
+        why = "empty"
+    elif len(v.encode("utf-8", "surrogatepass")) > 15:
+        why = "longer than 15 bytes"
+    elif v in (".", ".."):
+        why = "reserved by the kernel"
+    elif any(c in "/:" or c.isspace() or not c.isprintable() for c in v):
+        why = "'/', ':', whitespace or a control character"
+    if why:
+        raise ValueError(f"{_shown(v)} is not a valid interface name ({why})")
+    return v
+
+
 class Rail(_Strict):
-    name: str = Field(min_length=1)
+    name: str
     interface: str
     address: str  # validated below: IPv4 interface address with prefix
     mtu: int | None = Field(default=None, ge=68, le=65535)
     table: int | None = None
     rule_priority: int | None = Field(default=None, ge=0, le=2**32 - 1)
     gateway: str | None = None
-    gid_index: int | None = Field(default=None, ge=0)
+    gid_index: int | None = Field(default=None, ge=0, le=65535)
     rdma_device: str | None = None  # found from gid_attrs/ndevs when not set
-    rdma_port: int = Field(default=1, ge=1)
+    rdma_port: int = Field(default=1, ge=1, le=255)
     exclusive: bool = False  # remove addresses on the interface that the config does not name
     sysctls: dict[str, int] | None = None  # overrides the top-level rail_sysctls
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _RAIL_NAME.match(v):
+            raise ValueError(f"{_shown(v)} is not a rail name (letters, digits, '_', '.', '-';"
+                             " at most 63)")
+        return v
 
     @field_validator("interface")
     @classmethod
     def _ifname(cls, v: str) -> str:
-        if not _IFNAME.match(v):
-            raise ValueError(f"{v!r} is not a valid interface name")
+        return check_ifname(v)
+
+    @field_validator("rdma_device")
+    @classmethod
+    def _device(cls, v: str | None) -> str | None:
+        # A directory name under class/infiniband (IB_DEVICE_NAME_MAX is 64).
+        if v is not None and (not _RAIL_NAME.match(v) or v in (".", "..")):
+            raise ValueError(f"{_shown(v)} is not an RDMA device name")
         return v
 
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
         if "/" not in v:
-            raise ValueError(f"{v!r} has no prefix length (e.g. 10.10.0.5/24)")
+            raise ValueError(f"{_shown(v)} has no prefix length (e.g. 10.10.0.5/24)")
         try:
             iface = ipaddress.IPv4Interface(v)
         except ValueError:
-            raise ValueError(f"{v!r} is not an IPv4 interface address") from None
+            raise ValueError(f"{_shown(v)} is not an IPv4 interface address") from None
         return str(iface)
 
     @field_validator("gateway")
@@ -138,7 +237,7 @@ class Rail(_Strict):
         try:
             return str(ipaddress.IPv4Address(v))
         except ValueError:
-            raise ValueError(f"{v!r} is not an IPv4 address") from None
+            raise ValueError(f"{_shown(v)} is not an IPv4 address") from None
 
     @field_validator("table")
     @classmethod
@@ -172,12 +271,12 @@ class Rail(_Strict):
 
 class LinkFlap(_Strict):
     window: Duration = 60.0  # sliding window for counting carrier losses
-    max_flaps: int = Field(default=3, ge=1)  # more than this in the window: LinkFlapping
+    max_flaps: int = Field(default=3, ge=1, le=100_000)  # more than this in the window: flapping
     dwell: Duration = 30.0  # carrier stable this long before LinkFlapping clears
 
 
 class RepairGuard(_Strict):
-    max_repairs: int = Field(default=5, ge=1)  # same drift repaired more than this in window
+    max_repairs: int = Field(default=5, ge=1, le=100_000)  # same drift repaired more than this
     window: Duration = 60.0
     backoff: Duration = 300.0  # then stop fighting for this long: ManagedElsewhere
 
@@ -186,18 +285,18 @@ class Registry(_Strict):
     """How the plugin's image is looked up in its registry (OCI distribution API)."""
 
     verify_platform: bool = True  # off: the image-platform fact is not checked at all
-    ca_bundle: Path | None = None  # PEM roots for registry TLS; None: the system's roots
-    docker_config: Path | None = None  # docker-config JSON with credentials (pull-secret form)
-    timeout: Duration = 10.0  # per registry lookup, all requests and redirects included
-    max_bytes: int = Field(default=4 << 20, ge=1024)  # larger replies are refused
+    ca_bundle: AbsPath | None = None  # PEM roots for registry TLS; None: the system's roots
+    docker_config: AbsPath | None = None  # docker-config JSON with credentials
+    timeout: Timeout = 10.0  # per registry lookup, all requests and redirects included
+    max_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # larger replies are refused
 
 
 class DevicePlugin(_Strict):
-    namespace: str = "kube-system"
-    daemonset: str = "rdma-shared-dp-ds"
-    resource: str = "rdma/rdma_shared_device_a"
-    min_allocatable: int = Field(default=1, ge=0)
-    interval: Duration = 30.0  # how often its objects are read (off the main loop)
+    namespace: Text = "kube-system"
+    daemonset: Text = "rdma-shared-dp-ds"
+    resource: Text = "rdma/rdma_shared_device_a"
+    min_allocatable: int = Field(default=1, ge=0, le=1 << 20)
+    interval: Interval = 30.0  # how often its objects are read (off the main loop)
     registry: Registry = Registry()
 
 
@@ -206,11 +305,12 @@ class FabricTraffic(_Strict):
 
     expect: Literal["pods", "always", "never"] = "pods"  # pods: while pods here request
     #   the device plugin's resource or one of `pod_resources`
-    pod_resources: list[str] = Field(default_factory=lambda: ["nvidia.com/gpu"])
+    pod_resources: list[Text] = Field(default_factory=lambda: ["nvidia.com/gpu"])
     window: Duration = 120.0
-    min_kernel_bytes: int = Field(default=100 << 20, ge=0)  # more than this via the kernel ...
-    flat_rdma_bytes: int = Field(default=0, ge=0)  # ... while RDMA moved at most this
-    flat_rdma_packets: int = Field(default=0, ge=0)  # the same for devices counting packets only
+    min_kernel_bytes: int = Field(default=100 << 20, ge=0, le=2**63 - 1)  # more than this via
+    #   the kernel ...
+    flat_rdma_bytes: int = Field(default=0, ge=0, le=2**63 - 1)  # ... while RDMA moved at most
+    flat_rdma_packets: int = Field(default=0, ge=0, le=2**63 - 1)  # the same, in packets
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
 
@@ -222,56 +322,76 @@ class Metrics(_Strict):
     def _hostport(cls, v: str) -> str:
         _host, sep, port = v.rpartition(":")
         if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{v!r} is not host:port (e.g. 127.0.0.1:9464)")
+            raise ValueError(f"{_shown(v)} is not host:port (e.g. 127.0.0.1:9464)")
         return v
 
 
 class LustreMount(_Strict):
     mountpoint: str
-    source: str  # as mountinfo shows it: MGS NIDs and fsname, e.g. 10.0.0.1@o2ib:/scratch
-    timeout: Duration = 5.0  # statfs (in a child process) must answer within this
-    fstype: str = "lustre"
-    options: list[str] = Field(default_factory=list)  # required mount options, e.g. [flock]
-    remount_command: list[str] | None = None  # optional repair (argv), off by default
-    remount_timeout: Duration = 60.0
+    source: Text  # as mountinfo shows it: MGS NIDs and fsname, e.g. 10.0.0.1@o2ib:/scratch
+    timeout: Timeout = 5.0  # statfs (in a child process) must answer within this
+    fstype: Text = "lustre"
+    options: list[Text] = Field(default_factory=list)  # required mount options, e.g. [flock]
+    remount_command: list[str] | None = Field(default=None, min_length=1)  # optional repair
+    #   (argv), off by default
+    remount_timeout: Timeout = 60.0
 
     @field_validator("mountpoint")
     @classmethod
     def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"{v!r} is not an absolute path")
+        if not v.startswith("/") or "\0" in v:
+            raise ValueError(f"{_shown(v)} is not an absolute path")
         return v.rstrip("/") or "/"
+
+    @field_validator("remount_command")
+    @classmethod
+    def _argv(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            _command_name(v[0])
+            if any("\0" in arg for arg in v):
+                raise ValueError("an argument contains a NUL byte")
+        return v
+
+
+def check_taint_key(v: str) -> str:
+    """A Kubernetes qualified name: [prefix/]name, prefix a DNS subdomain, name <= 63."""
+    prefix, sep, name = v.rpartition("/")
+    if (sep and (not prefix or len(prefix) > 253 or not _SUBDOMAIN.match(prefix))) \
+            or not _QUALIFIED_NAME.match(name):
+        raise ValueError(f"{_shown(v)} is not a qualified name (e.g. example.com/fabric)")
+    return v
 
 
 class Taint(_Strict):
     key: str = "nodeagent.io/fabric-unready"
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        return check_taint_key(v)
+
 
 class Kubernetes(_Strict):
-    kubeconfig: str | None = None  # None: in-cluster or $KUBECONFIG
+    kubeconfig: AbsPath | None = None  # None: in-cluster or $KUBECONFIG
     taint: Taint = Taint()
     cordon: bool = False
     clear_after: Duration = 30.0  # all conditions True this long before the taint is lifted
-    lease_namespace: str = "nodeagent-system"
-    lease_period: Duration = 20.0  # heartbeat: Lease renewed this often
-    reconcile_interval: Duration = 600.0  # re-read the Node even when nothing changed
-    event_burst: int = Field(default=10, ge=1)  # Events: token bucket of this size ...
-    event_rate: float = Field(default=0.2, gt=0)  # ... refilled at this many per second
-
-
-def _at_least(seconds: float, floor: float, shown: str) -> float:
-    if seconds < floor:
-        raise ValueError(f"{seconds}s is too short (at least {shown})")
-    return seconds
+    lease_namespace: Text = "nodeagent-system"
+    lease_period: Interval = 20.0  # heartbeat: Lease renewed this often
+    reconcile_interval: Interval = 600.0  # re-read the Node even when nothing changed
+    event_burst: int = Field(default=10, ge=1, le=10_000)  # Events: token bucket of this size
+    event_rate: float = Field(default=0.2, gt=0, le=1000, allow_inf_nan=False)  # ... refilled
+    #   at this many per second
 
 
 class Config(_Strict):
     node_name: str | None = None  # default: $NODE_NAME, else the hostname
     paths: Paths = Paths()
-    state_dir: Path = Path("/var/lib/nodeagent")
-    runtime_dir: Path = Path("/run/nodeagent")
-    resync_interval: Duration = 30.0
+    state_dir: AbsPath = Path("/var/lib/nodeagent")
+    runtime_dir: AbsPath = Path("/run/nodeagent")
+    resync_interval: Annotated[float, BeforeValidator(parse_duration),
+                               AfterValidator(_at_least(1.0, "1s"))] = 30.0
     # Receive buffer of the netlink event socket; on overflow the agent resyncs everything.
     netlink_rcvbuf: int = Field(default=1 << 20, ge=4096, le=1 << 30)
     rails: list[Rail] = Field(default_factory=list)
@@ -280,14 +400,14 @@ class Config(_Strict):
     # A GID found off its pinned index is put back (the rail's address deleted and re-added)
     # once no QP uses the port any more: auto. never: only reported.
     gid_repin: Literal["auto", "never"] = "auto"
-    gid_repin_poll: Duration = 5.0  # while a GID is shifted, QPs are looked at this often
+    gid_repin_poll: Interval = 5.0  # while a GID is shifted, QPs are looked at this often
     link_flap: LinkFlap = LinkFlap()
     repair_guard: RepairGuard = RepairGuard()
     device_plugin: DevicePlugin | None = None
     fabric_traffic: FabricTraffic | None = None
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
-    lustre_interval: Duration = 10.0  # how often the mounts are probed (off the main loop)
+    lustre_interval: Interval = 10.0  # how often the mounts are probed (off the main loop)
     kubernetes: Kubernetes | None = None
 
     @field_validator("rail_sysctls")
@@ -295,15 +415,12 @@ class Config(_Strict):
     def _sysctls(cls, v: dict[str, int]) -> dict[str, int]:
         return _check_sysctls(v)
 
-    @field_validator("resync_interval")
+    @field_validator("node_name")
     @classmethod
-    def _resync(cls, v: float) -> float:
-        return _at_least(v, 1.0, "1s")
-
-    @field_validator("gid_repin_poll")
-    @classmethod
-    def _repin_poll(cls, v: float) -> float:
-        return _at_least(v, 0.1, "100ms")  # 0 would spin the main loop
+    def _node_name(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 253 or not _SUBDOMAIN.match(v)):
+            raise ValueError(f"{_shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
+        return v
 
     def resolved_node_name(self) -> str:
         return self.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
@@ -334,15 +451,17 @@ def _describe(error: Any) -> str:
     msg = str(error["msg"])
     msg = msg.removeprefix("Value error, ")
     if kind != "value_error" and "input" in error:
-        msg += f" (got {error['input']!r})"
+        msg += f" (got {_shown(error['input'])})"
     return msg
 
 
-def _semantic_problems(cfg: Config) -> list[str]:
-    """Cross-field rules pydantic cannot place on one key."""
+def _semantic_problems(rails: list[tuple[int, Rail]],
+                       mounts: list[tuple[int, LustreMount]]) -> list[str]:
+    """Cross-field rules pydantic cannot place on one key, over the rails and mounts that
+    are valid on their own (so field and cross-field problems come out in one run)."""
     problems: list[str] = []
     seen: dict[str, dict[str, int]] = {"name": {}, "interface": {}, "ip": {}, "table": {}}
-    for i, rail in enumerate(cfg.rails):
+    for i, rail in rails:
         where = f"rails[{i}]"
         for key, value in (
             ("name", rail.name),
@@ -369,32 +488,146 @@ def _semantic_problems(cfg: Config) -> list[str]:
                 )
             elif rail.gateway == rail.ip:
                 problems.append(f"{where}.gateway: {rail.gateway} is the rail's own address")
-    if cfg.lustre:
-        mounts: dict[str, int] = {}
-        for i, mount in enumerate(cfg.lustre):
-            if mount.mountpoint in mounts:
-                problems.append(
-                    f"lustre[{i}].mountpoint: {mount.mountpoint!r} duplicates "
-                    f"lustre[{mounts[mount.mountpoint]}].mountpoint"
-                )
-            mounts.setdefault(mount.mountpoint, i)
+    points: dict[str, int] = {}
+    for i, mount in mounts:
+        if mount.mountpoint in points:
+            problems.append(
+                f"lustre[{i}].mountpoint: {mount.mountpoint!r} duplicates "
+                f"lustre[{points[mount.mountpoint]}].mountpoint"
+            )
+        points.setdefault(mount.mountpoint, i)
     return problems
 
 
+def _valid_items(data: Any, model: type[BaseModel]) -> list[tuple[int, Any]]:
+    """The items of a list that validate on their own, with their index."""
+    out: list[tuple[int, Any]] = []
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            try:
+                out.append((i, model.model_validate(item)))
+            except ValidationError:
+                continue
+    return out
+
+
 def parse_config(data: Any) -> Config:
-    """Validate already-parsed YAML data; raise ConfigError with every problem."""
+    """Validate already-parsed YAML data; raise ConfigError with every problem, field and
+    cross-field alike."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"(top level): expected a mapping of keys, got {type(data).__name__}"])
+    problems: list[str] = []
+    cfg: Config | None = None
     try:
         cfg = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError([f"{_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]) from None
-    problems = _semantic_problems(cfg)
-    if problems:
+        problems = [f"{_path(e['loc'])}: {_describe(e)}" for e in exc.errors()]
+    if cfg is not None:
+        rails, mounts = list(enumerate(cfg.rails)), list(enumerate(cfg.lustre or []))
+    else:
+        rails = _valid_items(data.get("rails"), Rail)
+        mounts = _valid_items(data.get("lustre"), LustreMount)
+    problems += _semantic_problems(rails, mounts)
+    if problems or cfg is None:
         raise ConfigError(problems)
     return cfg
+
+
+# ---------------------------------------------------------------- YAML that cannot hurt
+
+MAX_DEPTH = 32  # nesting, aliases expanded: the config is at most 5 levels deep
+MAX_NODES = 50_000  # scalars, lists and mappings, aliases expanded
+MAX_INT_DIGITS = 24  # every number the config takes fits in 64 bits
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader with limits checked before any Python object is built:
+    nesting depth, size once aliases are expanded (an alias bomb is a few hundred bytes),
+    integer length, and duplicate keys (a second `rails:` would silently win)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.YAMLError(f"line {mark.line + 1}: invalid YAML: nested deeper than "
+                                     f"{MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node,
+                                                                          yaml.ScalarNode):
+                continue
+            key = key_node.value
+            if key in seen:
+                raise yaml.YAMLError(
+                    f"line {key_node.start_mark.line + 1}: duplicate key {_shown(key)} "
+                    f"(first on line {seen[key]})")
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        text = str(node.value).replace("_", "")
+        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
+            raise yaml.YAMLError(f"line {node.start_mark.line + 1}: integer with more than "
+                                 f"{MAX_INT_DIGITS} digits")
+        return super().construct_yaml_int(node)
+
+
+_SafeLoader.add_constructor("tag:yaml.org,2002:int", _SafeLoader.construct_yaml_int)
+
+
+def _check_expanded(root: yaml.Node) -> None:
+    """Walk the composed graph as the constructor would, aliases expanded, within limits."""
+    count = 0
+    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > MAX_NODES:
+            raise yaml.YAMLError(f"invalid YAML: more than {MAX_NODES} values once aliases "
+                                 "are expanded")
+        if depth > MAX_DEPTH:
+            raise yaml.YAMLError(f"invalid YAML: nested deeper than {MAX_DEPTH} levels once "
+                                 "aliases are expanded")
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                stack.append((key, depth + 1))
+                stack.append((value, depth + 1))
+
+
+def safe_yaml(text: str) -> Any:
+    """YAML text -> Python data, refusing what could exhaust time or memory. Raises
+    yaml.YAMLError with a one-line message."""
+    loader = _SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_expanded(root)
+        return loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return str(exc).splitlines()[0]
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"line {mark.line + 1}: invalid YAML: {problem}"
 
 
 def default_config_path() -> str:
@@ -405,18 +638,20 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a YAML file; every problem line is prefixed with the file name."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text_bounded(path, CONFIG_MAX)
     except FileNotFoundError:
         raise ConfigError([f"{name}: config file not found"]) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"{name}: cannot read config: {exc}"]) from None
+        raise ConfigError([f"{name}: cannot read config: {describe_error(exc)}"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError([f"{name}: {where}invalid YAML: {problem}"]) from None
+        raise ConfigError([f"{name}: {_yaml_problem(exc)}"]) from None
+    except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
+        # PyYAML's own recursion on what the limits let through, or a value it cannot
+        # build: still one line, never a traceback.
+        raise ConfigError([f"{name}: invalid YAML: {type(exc).__name__}: "
+                           f"{str(exc)[:100]}"]) from None
     try:
         return parse_config(data)
     except ConfigError as exc:

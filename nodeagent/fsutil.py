@@ -1,13 +1,91 @@
-"""Small file helpers: atomic JSON writes (temp file + fsync + rename)."""
+"""Small file helpers: bounded reads of other people's files, atomic JSON writes.
+
+Everything the agent reads (sysfs and procfs attributes, its config, its own state and status
+files, a kubeconfig) goes through `read_bounded`: only regular files (a FIFO, device or socket
+in a fixture root, or planted by someone, is refused instead of blocking the open), at most a
+size cap per kind, and a clear one-line reason when it is refused.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# Size caps per kind of file (bytes). A sysfs attribute is at most a page.
+ATTRIBUTE_MAX = 4096
+CONFIG_MAX = 1 << 20
+STATE_MAX = 1 << 20
+STATUS_MAX = 8 << 20
+
+
+class NotARegularFile(OSError):
+    """The path is a FIFO, device, socket or directory: reading it could block or mislead."""
+
+
+class TooLarge(OSError):
+    """The file is larger than the reader allows."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,
+                       follow: bool = True) -> bytes:
+    """The bytes of a regular file, at most `limit` of them (TooLarge past that).
+
+    The open never blocks on a FIFO (O_NONBLOCK), and the file type is checked on the open
+    descriptor (no race with a rename). `follow=False` refuses a symlink as the last
+    component. Raises OSError (NotARegularFile, TooLarge, or the system's error).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+        # A regular file ignores O_NONBLOCK; procfs and sysfs report size 0 or 4096 whatever
+        # they hold, so the cap is enforced on what is read, not on st_size.
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, min(65536, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise TooLarge(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,
+                      encoding: str = "utf-8", errors: str = "strict") -> str:
+    """Text of a regular file (see read_bytes_bounded); UnicodeDecodeError on bad bytes
+    unless `errors` says otherwise."""
+    return read_bytes_bounded(path, limit, dir_fd).decode(encoding, errors)
+
+
+def describe_error(exc: BaseException) -> str:
+    """An OSError or decoding error as a short phrase for a one-line message."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not {exc.encoding} text (byte {exc.start})"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -74,3 +74,14 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
         yield reg
     finally:
         reg.stop()
+
+
+# Property-based tests: a fixed, derandomized campaign in CI; HYPOTHESIS_PROFILE=campaign
+# for a longer, random one (README: "What the agent survives").
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, max_examples=200, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("campaign", max_examples=20_000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(__import__("os").environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -65,7 +65,8 @@ def test_design_example_config_is_valid() -> None:
         ({"address": "10.0.0.3"},
          "rails[0].address: '10.0.0.3' has no prefix length (e.g. 10.10.0.5/24)"),
         ({"interface": "way-too-long-interface"},
-         "rails[0].interface: 'way-too-long-interface' is not a valid interface name"),
+         "rails[0].interface: 'way-too-long-interface' is not a valid interface name "
+         "(longer than 15 bytes)"),
         ({"gateway": "10.10.0.999", "table": 100},
          "rails[0].gateway: '10.10.0.999' is not an IPv4 address"),
         ({"table": 254},

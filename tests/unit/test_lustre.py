@@ -187,7 +187,9 @@ def test_config_rejects_relative_mountpoints_and_duplicates() -> None:
         parse_config({"lustre": [{"mountpoint": "lustre", "source": SRC},
                                  {"mountpoint": "/l", "source": SRC},
                                  {"mountpoint": "/l/", "source": SRC}]})
-    assert info.value.problems == ["lustre[0].mountpoint: 'lustre' is not an absolute path"]
+    # Field and cross-field problems in one run: an operator fixes both at once.
+    assert info.value.problems == ["lustre[0].mountpoint: 'lustre' is not an absolute path",
+                                   "lustre[2].mountpoint: '/l' duplicates lustre[1].mountpoint"]
     with pytest.raises(ConfigError) as info:
         parse_config({"lustre": [{"mountpoint": "/l", "source": SRC},
                                  {"mountpoint": "/l/", "source": SRC}]})
