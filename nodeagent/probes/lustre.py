@@ -69,17 +69,21 @@ class Health:
 
 
 def parse_health(text: str) -> Health:
+    """health_check in either layout: the verdict alone (newer clients' sysfs), or, on older
+    clients' procfs, one `device <name> reported unhealthy` line per sick device followed by
+    the `NOT HEALTHY` verdict (obd_proc_health_seq_show). `LBUG` anywhere wins."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         return Health("unreadable", "health_check is empty")
     if any("LBUG" in ln for ln in lines):
         return Health("lbug", "; ".join(lines)[:500])
-    if lines[0] == "healthy":
-        return Health("healthy")
-    if lines[0].startswith("NOT HEALTHY"):
-        devices = [ln for ln in lines[1:] if ln]
+    devices = [ln for ln in lines if ln.startswith("device ") and "unhealthy" in ln]
+    verdicts = [ln for ln in lines if ln not in devices]
+    if verdicts and verdicts[-1].startswith("NOT HEALTHY") or devices and not verdicts:
         return Health("unhealthy", "; ".join(devices)[:500] or "NOT HEALTHY")
-    return Health("unreadable", f"unexpected health_check content {lines[0][:60]!r}")
+    if verdicts == ["healthy"]:
+        return Health("healthy")
+    return Health("unreadable", f"unexpected health_check content {verdicts[0][:60]!r}")
 
 
 def read_health(sysfs_root: Path, procfs_root: Path) -> Health:

@@ -95,6 +95,19 @@ def test_health_check_parsing() -> None:
     assert parse_health("heal").state == "unreadable"  # truncated
 
 
+def test_health_check_older_procfs_layout() -> None:
+    # Older clients' procfs (obd_proc_health_seq_show): a line per sick device, then the
+    # verdict. Read as unhealthy with the devices named, not as unreadable.
+    text = ("device scratch-OST0001-osc-ffff8f reported unhealthy\n"
+            "device scratch-MDT0000-mdc-ffff8f reported unhealthy\n"
+            "NOT HEALTHY\n")
+    assert parse_health(text) == Health(
+        "unhealthy", "device scratch-OST0001-osc-ffff8f reported unhealthy; "
+        "device scratch-MDT0000-mdc-ffff8f reported unhealthy")
+    assert parse_health("NOT HEALTHY\n") == Health("unhealthy", "NOT HEALTHY")
+    assert parse_health("healthy\nhealthy\n").state == "unreadable"
+
+
 def test_health_check_from_procfs_when_sysfs_lacks_it(tmp_path: Path) -> None:
     proc, sysfs = tree(tmp_path, LUSTRE_LINE, "NOT HEALTHY\n", where="proc")
     assert read_health(sysfs, proc).state == "unhealthy"
