@@ -150,6 +150,12 @@ RAIL_SYSCTLS: dict[str, tuple[str, range]] = {
     "addr_gen_mode": ("net/ipv6/conf", range(0, 4)),
     "disable_ipv6": ("net/ipv6/conf", range(0, 2)),
 }
+def sysctl_parts(ifname: str, key: str) -> list[str]:
+    """The path of a rail sysctl below the procfs root, component by component: the only
+    place the agent writes under it (net/ipv4|ipv6/conf/<rail>/<key>)."""
+    return ["sys", *RAIL_SYSCTLS[key][0].split("/"), ifname, key]
+
+
 # What multi-rail RoCE hosts want (design notes): answer ARP only for the rail's own
 # address, announce with it, loose reverse-path filtering, no router advertisements.
 DEFAULT_RAIL_SYSCTLS = {"arp_ignore": 1, "arp_announce": 2, "rp_filter": 2, "accept_ra": 0}

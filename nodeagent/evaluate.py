@@ -32,6 +32,7 @@ from nodeagent.model import (
     RailCounters,
     RailObservation,
 )
+from nodeagent.probes.bounded import BoundedReads, Stuck
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
@@ -127,6 +128,7 @@ class Evaluator:
         self._labels: dict[str, str] = {}
         self._labels_key: tuple[str, ...] | None = None
         self._labels_next = 0.0
+        self.reads = BoundedReads()  # driver reads off this thread, a deadline each pass
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -134,7 +136,8 @@ class Evaluator:
             return
         keys = {r.name: sorted(self.cfg.sysctls_for(r)) for r in rails}
         started = time.perf_counter()
-        self.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs, keys))
+        self.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs, keys,
+                                               self.reads))
         self.timings["netlink"] = time.perf_counter() - started
 
     def ifindex(self, rail: str) -> int | None:
@@ -206,7 +209,8 @@ class Evaluator:
         return out
 
     def _ipv4_gid_index(self, rail: Rail) -> int | None:
-        found = ipv4_v2_entries(rail, read_gid_table(self.cfg.gid_source, self.cfg.paths.sysfs))
+        found = ipv4_v2_entries(rail, read_gid_table(self.cfg.gid_source, self.cfg.paths.sysfs,
+                                                     reads=self.reads))
         return found[0].index if found else None
 
     def judge(
@@ -239,7 +243,7 @@ class Evaluator:
         net = network_finding(cfg, drift, overrides)
         started = time.perf_counter()
         self.gid_table = (
-            read_gid_table(cfg.gid_source, cfg.paths.sysfs)
+            read_gid_table(cfg.gid_source, cfg.paths.sysfs, reads=self.reads)
             if cfg.rails
             else (GidTable(source="none"))
         )
@@ -264,7 +268,7 @@ class Evaluator:
                     errors.append(f"cannot save learned GID pins in {cfg.state_dir}: {exc}")
         plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
         parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
-        traffic = self._traffic()
+        traffic = self._traffic(errors)
         gated = [*parts, traffic] if cfg.fabric_traffic and cfg.fabric_traffic.gate else parts
         findings = [*parts, fabric_finding(gated), traffic]
         rails = []
@@ -293,32 +297,45 @@ class Evaluator:
             errors=errors,
             gid_source=self.gid_table.source,
             rails=rails,
-            labels=self._fingerprint(),
+            labels=self._fingerprint(errors),
         )
 
-    def _fingerprint(self) -> dict[str, str]:
+    def _fingerprint(self, errors: list[str]) -> dict[str, str]:
         """The hardware labels. Hardware does not change between an event and its repair:
-        read at most once per resync interval, or when the rails' devices change."""
+        read at most once per resync interval, or when the rails' devices change. A read
+        that does not return keeps the labels already known."""
         devices = tuple(sorted({c.rdma_device for c in self.counters.values()
                                 if c.rdma_device}))
         now = self.clock()
         if devices != self._labels_key or now >= self._labels_next:
-            seen = read_fingerprint(self.cfg.paths.sysfs, list(devices),
-                                    [r.interface for r in self.cfg.rails])
+            netdevs = [r.interface for r in self.cfg.rails]
+            seen = self.reads.one("hardware fingerprint", functools.partial(
+                read_fingerprint, self.cfg.paths.sysfs, list(devices), netdevs))
+            if isinstance(seen, Stuck):
+                errors.append(seen.describe())
+                return dict(self._labels)
             self._labels = fingerprint_labels(seen)
             self._labels_key, self._labels_next = devices, now + self.cfg.resync_interval
         return dict(self._labels)
 
-    def _traffic(self) -> Finding:
-        """Samples every rail's byte counters, then judges FabricTrafficOnRDMA."""
+    def _traffic(self, errors: list[str]) -> Finding:
+        """Samples every rail's byte counters, then judges FabricTrafficOnRDMA. A rail whose
+        counters do not answer keeps no sample this pass (its verdict waits)."""
         cfg = self.cfg
         started = time.perf_counter()
+        calls = {}
         for rail in cfg.rails:
             entries = rail_entries(rail, self.gid_table)
             device = rail.rdma_device or (entries[0].device if entries else None)
             port = rail.rdma_port if rail.rdma_device else (entries[0].port if entries else 1)
-            self.counters[rail.name] = read_rail_counters(cfg.paths.sysfs, rail.interface,
-                                                          device, port)
+            calls[f"counters:{rail.name}"] = functools.partial(
+                read_rail_counters, cfg.paths.sysfs, rail.interface, device, port)
+        for rail, got in zip(cfg.rails, self.reads.run(calls).values(), strict=True):
+            if isinstance(got, Stuck):
+                errors.append(f"{rail.label}: counters {got.describe()}")
+                self.counters.pop(rail.name, None)
+            else:
+                self.counters[rail.name] = got
         self.timings["counters"] = time.perf_counter() - started
         now = self.clock()
         ft = cfg.fabric_traffic

@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,19 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | N
         os.close(fd)
 
 
+def read_attribute(path: str | os.PathLike[str], dir_fd: int | None = None) -> str:
+    """A sysfs or procfs attribute: a regular file read once, at most a page (the kernel
+    shows an attribute in one page). Text, stripped; undecodable bytes replaced."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+        return os.read(fd, ATTRIBUTE_MAX).decode("ascii", errors="replace").strip()
+    finally:
+        os.close(fd)
+
+
 def read_text_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,
                       encoding: str = "utf-8", errors: str = "strict") -> str:
     """Text of a regular file (see read_bytes_bounded); UnicodeDecodeError on bad bytes
@@ -86,6 +100,33 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, OSError):
         return exc.strerror or str(exc)
     return str(exc)
+
+
+def write_attribute(root: Path, parts: Sequence[str], text: str) -> None:
+    """Write a procfs/sysfs attribute at root/parts[0]/.../parts[-1] without following a
+    symlink anywhere below the root (each component opened with O_NOFOLLOW), never creating
+    a file, and only into a regular file: a planted link cannot redirect a root write."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            if part in ("", ".", "..") or "/" in part:
+                raise OSError(errno.EINVAL, f"refusing path component {part!r}")
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
+        try:
+            mode = os.fstat(leaf).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file",
+                                      str(root.joinpath(*parts)))
+            os.write(leaf, text.encode("ascii"))
+        finally:
+            os.close(leaf)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -12,21 +12,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nodeagent.fsutil import read_attribute
 from nodeagent.model import RailCounters
+from nodeagent.probes.bounded import Where
 
 WORD = 4  # port_xmit_data / port_rcv_data count 32-bit words
 
 
-def _int(path: Path) -> int | None:
+def _read_int(path: Path, where: Where) -> int | None:
+    where.path = str(path)
     try:
-        return int(path.read_text().strip())
+        value = int(read_attribute(path))
     except (OSError, ValueError):
         return None  # absent, unreadable (EINVAL while the link is down) or garbage
+    return value if -(2**63) <= value < 2**64 else None  # a counter is at most 64 bits
 
 
 def read_rail_counters(sysfs: Path, ifname: str, device: str | None,
-                       port: int) -> RailCounters:
+                       port: int, where: Where | None = None) -> RailCounters:
     net = sysfs / "class" / "net" / ifname
+    w = where or Where()
+
+    def _int(path: Path) -> int | None:
+        return _read_int(path, w)
+
     speed = _int(net / "speed")
     rdma_tx = rdma_rx = pkts_tx = pkts_rx = None
     if device is not None:
@@ -35,8 +44,8 @@ def read_rail_counters(sysfs: Path, ifname: str, device: str | None,
         words_tx, words_rx = _int(counters / "port_xmit_data"), _int(counters / "port_rcv_data")
         rdma_tx = None if words_tx is None else words_tx * WORD
         rdma_rx = None if words_rx is None else words_rx * WORD
-        pkts_tx = _first(counters / "port_xmit_packets", hw / "sent_pkts")
-        pkts_rx = _first(counters / "port_rcv_packets", hw / "rcvd_pkts")
+        pkts_tx = _first(w, counters / "port_xmit_packets", hw / "sent_pkts")
+        pkts_rx = _first(w, counters / "port_rcv_packets", hw / "rcvd_pkts")
     return RailCounters(
         speed_mbps=speed if speed is not None and speed > 0 else None,  # -1: no link
         netdev_tx_bytes=_int(net / "statistics" / "tx_bytes"),
@@ -46,9 +55,9 @@ def read_rail_counters(sysfs: Path, ifname: str, device: str | None,
         rdma_tx_packets=pkts_tx, rdma_rx_packets=pkts_rx)
 
 
-def _first(*paths: Path) -> int | None:
+def _first(where: Where, *paths: Path) -> int | None:
     for path in paths:
-        value = _int(path)
+        value = _read_int(path, where)
         if value is not None:
             return value
     return None

@@ -10,6 +10,7 @@ was used. The kernel layout (drivers/infiniband/core/sysfs.c):
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -17,7 +18,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from nodeagent.fsutil import read_attribute
 from nodeagent.model import GidEntry, GidTable, GidType
+from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 
 GidSource = Literal["auto", "pyverbs", "sysfs"]
 
@@ -54,10 +57,12 @@ def parse_gid(text: str) -> str | None:
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 
 
-def _read_text(path: Path) -> str | None:
-    """A sysfs attribute's text, or None when it cannot be read (EINVAL for empty slots)."""
+def _read_text(path: Path, where: Where) -> str | None:
+    """A sysfs attribute's text, or None when it cannot be read (EINVAL for empty slots, or
+    not a regular file)."""
+    where.path = str(path)
     try:
-        return path.read_text(encoding="ascii", errors="replace").strip()
+        return read_attribute(path)
     except OSError:
         return None
 
@@ -66,15 +71,9 @@ def _read_at(dir_fd: int, name: str) -> str | None:
     """Like _read_text, relative to an open directory: a port has up to 1024 slots to read,
     and this is several times cheaper than pathlib per file."""
     try:
-        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+        return read_attribute(name, dir_fd=dir_fd)
     except OSError:
         return None
-    try:
-        return os.read(fd, 4096).decode("ascii", errors="replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def rdma_devices(sysfs_root: Path) -> list[str]:
@@ -93,7 +92,8 @@ def _ports(sysfs_root: Path, device: str) -> list[int]:
         return []
 
 
-def _read_port_sysfs(sysfs_root: Path, device: str, port: int) -> tuple[list[GidEntry], list[str]]:
+def _read_port_sysfs(sysfs_root: Path, device: str, port: int,
+                     where: Where) -> tuple[list[GidEntry], list[str]]:
     base = sysfs_root / "class" / "infiniband" / device / "ports" / str(port)
     entries: list[GidEntry] = []
     errors: list[str] = []
@@ -103,7 +103,10 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int) -> tuple[list[Gid
     except OSError as exc:
         return [], [f"{device} port {port}: cannot list GIDs: {exc.strerror or exc}"]
     try:
-        raw_gids = [(n, _read_at(gids_fd, n)) for n in sorted(filter(str.isdigit, names), key=int)]
+        raw_gids = []
+        for n in sorted(filter(str.isdigit, names), key=int):
+            where.path = f"{base}/gids/{n}"
+            raw_gids.append((n, _read_at(gids_fd, n)))
     finally:
         os.close(gids_fd)
     for name, raw in raw_gids:
@@ -116,8 +119,8 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int) -> tuple[list[Gid
             continue
         if gid is None:
             continue
-        type_text = _read_text(base / "gid_attrs" / "types" / name)
-        ndev = _read_text(base / "gid_attrs" / "ndevs" / name)
+        type_text = _read_text(base / "gid_attrs" / "types" / name, where)
+        ndev = _read_text(base / "gid_attrs" / "ndevs" / name, where)
         entries.append(
             GidEntry(
                 device=device,
@@ -131,18 +134,49 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int) -> tuple[list[Gid
     return entries, errors
 
 
-def read_sysfs(sysfs_root: Path, devices: Iterable[str] | None = None) -> GidTable:
-    """Every non-empty GID of the given (default: all) RDMA devices, from sysfs."""
+DeviceRead = tuple[list[GidEntry], list[str]]
+
+
+def _read_device_sysfs(sysfs_root: Path, device: str, where: Where) -> DeviceRead:
     entries: list[GidEntry] = []
     errors: list[str] = []
-    for device in rdma_devices(sysfs_root) if devices is None else devices:
-        ports = _ports(sysfs_root, device)
-        if not ports:
-            errors.append(f"{device}: no ports readable under {sysfs_root}/class/infiniband")
-        for port in ports:
-            got, errs = _read_port_sysfs(sysfs_root, device, port)
-            entries.extend(got)
-            errors.extend(errs)
+    ports = _ports(sysfs_root, device)
+    if not ports:
+        errors.append(f"{device}: no ports readable under {sysfs_root}/class/infiniband")
+    for port in ports:
+        got, errs = _read_port_sysfs(sysfs_root, device, port, where)
+        entries.extend(got)
+        errors.extend(errs)
+    return entries, errors
+
+
+def _per_device(devices: Iterable[str], read: Callable[[str, Where], DeviceRead],
+                reads: BoundedReads | None) -> tuple[list[GidEntry], list[str]]:
+    """Each device read on its own (off the caller's thread when `reads` is given): a device
+    whose driver does not answer costs its own entries, not the others'."""
+    devs = list(devices)
+    if reads is None:
+        results: dict[str, DeviceRead | Stuck] = {d: read(d, Where()) for d in devs}
+    else:
+        got = reads.run({f"gid:{d}": functools.partial(read, d) for d in devs})
+        results = {d: got[f"gid:{d}"] for d in devs}
+    entries: list[GidEntry] = []
+    errors: list[str] = []
+    for device, result in results.items():
+        if isinstance(result, Stuck):
+            errors.append(f"{device}: GID table {result.describe()}")
+            continue
+        entries.extend(result[0])
+        errors.extend(result[1])
+    return entries, errors
+
+
+def read_sysfs(sysfs_root: Path, devices: Iterable[str] | None = None,
+               reads: BoundedReads | None = None) -> GidTable:
+    """Every non-empty GID of the given (default: all) RDMA devices, from sysfs."""
+    devs = rdma_devices(sysfs_root) if devices is None else devices
+    entries, errors = _per_device(
+        devs, lambda d, w: _read_device_sysfs(sysfs_root, d, w), reads)
     return GidTable(source="sysfs", entries=tuple(entries), errors=tuple(errors))
 
 
@@ -182,49 +216,55 @@ def _ifname_of(ifindex: int) -> str | None:
         return None
 
 
-def read_pyverbs(sysfs_root: Path, devices: Iterable[str] | None = None) -> GidTable:
-    """Every valid GID through libibverbs: one query_gid_table call per device."""
+def _read_device_pyverbs(device: str, where: Where) -> DeviceRead:
     import pyverbs.device as pvd
 
+    where.path = f"pyverbs {device}"
     entries: list[GidEntry] = []
-    errors: list[str] = []
-    for device in rdma_devices(sysfs_root) if devices is None else devices:
+    try:
+        with pvd.Context(name=device) as ctx:
+            nports = ctx.query_device().phys_port_cnt
+            size = sum(ctx.query_port(p).gid_tbl_len for p in range(1, nports + 1))
+            raw = ctx.query_gid_table(size)
+    except Exception as exc:  # PyverbsRDMAError and friends: report, don't crash
+        return [], [f"{device}: pyverbs cannot read the GID table: {exc}"]
+    for item in raw:
         try:
-            with pvd.Context(name=device) as ctx:
-                nports = ctx.query_device().phys_port_cnt
-                size = sum(ctx.query_port(p).gid_tbl_len for p in range(1, nports + 1))
-                raw = ctx.query_gid_table(size)
-        except Exception as exc:  # PyverbsRDMAError and friends: report, don't crash
-            errors.append(f"{device}: pyverbs cannot read the GID table: {exc}")
-            continue
-        for item in raw:
-            try:
-                mapped = entry_from_pyverbs(device, item, _ifname_of)
-            except ValueError:
-                errors.append(f"{device}: pyverbs returned an unparsable GID")
-                continue
-            if mapped is not None:
-                entries.append(mapped)
+            mapped = entry_from_pyverbs(device, item, _ifname_of)
+        except ValueError:
+            return entries, [f"{device}: pyverbs returned an unparsable GID"]
+        if mapped is not None:
+            entries.append(mapped)
+    return entries, []
+
+
+def read_pyverbs(sysfs_root: Path, devices: Iterable[str] | None = None,
+                 reads: BoundedReads | None = None) -> GidTable:
+    """Every valid GID through libibverbs: one query_gid_table call per device."""
+    devs = rdma_devices(sysfs_root) if devices is None else devices
+    entries, errors = _per_device(devs, _read_device_pyverbs, reads)
     entries.sort(key=lambda e: (e.device, e.port, e.index))
     return GidTable(source="pyverbs", entries=tuple(entries), errors=tuple(errors))
 
 
 def read_gid_table(
-    source: GidSource, sysfs_root: Path, devices: Iterable[str] | None = None
+    source: GidSource, sysfs_root: Path, devices: Iterable[str] | None = None,
+    reads: BoundedReads | None = None,
 ) -> GidTable:
-    """The GID table from the configured source; 'auto' prefers pyverbs when it works."""
+    """The GID table from the configured source; 'auto' prefers pyverbs when it works.
+    With `reads`, each device is read off the caller's thread within its deadline."""
     devs = list(rdma_devices(sysfs_root) if devices is None else devices)
     if not devs:
         return GidTable(source="none")
     if source == "sysfs":
-        return read_sysfs(sysfs_root, devs)
+        return read_sysfs(sysfs_root, devs, reads)
     if source == "pyverbs":
         if not pyverbs_available():
             return GidTable(source="pyverbs", errors=("pyverbs is configured but not importable",))
-        return read_pyverbs(sysfs_root, devs)
+        return read_pyverbs(sysfs_root, devs, reads)
     # pyverbs sees the real devices only: a fixture sysfs root means sysfs.
     if sysfs_root.resolve() == Path("/sys") and pyverbs_available():
-        table = read_pyverbs(sysfs_root, devs)
+        table = read_pyverbs(sysfs_root, devs, reads)
         if not table.errors:
             return table
-    return read_sysfs(sysfs_root, devs)
+    return read_sysfs(sysfs_root, devs, reads)

@@ -9,28 +9,34 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nodeagent.fsutil import read_attribute
+from nodeagent.probes.bounded import Where
+
 LABEL_PREFIX = "nodeagent.io/"
 HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER = (f"{LABEL_PREFIX}rdma-{k}" for k in (
     "hca-type", "fw-version", "board-id", "driver"))
 FINGERPRINT_LABELS = (HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER)
 
 
-def _text(path: Path) -> str | None:
+def _text(path: Path, where: Where) -> str | None:
+    where.path = str(path)
     try:
-        text = path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
+        text = read_attribute(path)
+    except OSError:
         return None
     return text or None
 
 
-def read_fingerprint(sysfs: Path, devices: list[str], netdevs: list[str]) -> dict[str, set[str]]:
+def read_fingerprint(sysfs: Path, devices: list[str], netdevs: list[str],
+                     where: Where | None = None) -> dict[str, set[str]]:
     """Label -> the values seen on the rails' RDMA devices and netdevs."""
+    where = where or Where()
     seen: dict[str, set[str]] = {k: set() for k in FINGERPRINT_LABELS}
     for dev in devices:
         base = sysfs / "class" / "infiniband" / dev
         for label, name in ((HCA_TYPE, "hca_type"), (FW_VERSION, "fw_ver"),
                             (BOARD_ID, "board_id")):
-            value = _text(base / name)
+            value = _text(base / name, where)
             if value:
                 seen[label].add(value)
     for ifname in netdevs:

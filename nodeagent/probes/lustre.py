@@ -9,12 +9,16 @@ same key. A dead mount therefore costs one stuck process, never a pile of them.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from nodeagent.fsutil import describe_error, read_text_bounded
+from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -52,11 +56,16 @@ def parse_mountinfo(text: str) -> tuple[list[MountEntry], list[str]]:
     return entries, errors
 
 
+MOUNTINFO_MAX = 32 << 20  # a Kubernetes node can have thousands of mounts
+HEALTH_MAX = 64 << 10
+
+
 def read_mountinfo(procfs_root: Path) -> tuple[list[MountEntry], list[str]]:
+    path = procfs_root / "self" / "mountinfo"
     try:
-        text = (procfs_root / "self" / "mountinfo").read_text(errors="replace")
+        text = read_text_bounded(path, MOUNTINFO_MAX, errors="replace")
     except OSError as exc:
-        return [], [f"cannot read {procfs_root}/self/mountinfo: {exc.strerror or exc}"]
+        return [], [f"cannot read {path}: {describe_error(exc)}"]
     return parse_mountinfo(text)
 
 
@@ -79,23 +88,25 @@ def parse_health(text: str) -> Health:
         return Health("lbug", "; ".join(lines)[:500])
     devices = [ln for ln in lines if ln.startswith("device ") and "unhealthy" in ln]
     verdicts = [ln for ln in lines if ln not in devices]
-    if verdicts and verdicts[-1].startswith("NOT HEALTHY") or devices and not verdicts:
+    if (verdicts and verdicts[-1].startswith("NOT HEALTHY")) or (devices and not verdicts):
         return Health("unhealthy", "; ".join(devices)[:500] or "NOT HEALTHY")
     if verdicts == ["healthy"]:
         return Health("healthy")
     return Health("unreadable", f"unexpected health_check content {verdicts[0][:60]!r}")
 
 
-def read_health(sysfs_root: Path, procfs_root: Path) -> Health:
+def read_health(sysfs_root: Path, procfs_root: Path, where: Where | None = None) -> Health:
     """health_check from sysfs (newer clients) or procfs (older ones), whichever exists."""
     for path in (sysfs_root / "fs" / "lustre" / "health_check",
                  procfs_root / "fs" / "lustre" / "health_check"):
+        if where is not None:
+            where.path = str(path)
         try:
-            return parse_health(path.read_text(errors="replace"))
+            return parse_health(read_text_bounded(path, HEALTH_MAX, errors="replace"))
         except FileNotFoundError:
             continue
         except OSError as exc:
-            return Health("unreadable", f"{path}: {exc.strerror or exc}")
+            return Health("unreadable", f"{path}: {describe_error(exc)}")
     return Health("absent", "no fs/lustre/health_check (Lustre client not loaded?)")
 
 
@@ -125,6 +136,7 @@ class BoundedRunner:
 
     outstanding: dict[str, tuple[subprocess.Popen[str], float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    reads: BoundedReads = field(default_factory=BoundedReads)  # health_check, off-thread
 
     def run(self, key: str, argv: list[str], timeout: float) -> ProbeResult:
         with self.lock:
@@ -185,7 +197,9 @@ def observe_lustre(
 
     entries, errors = read_mountinfo(procfs_root)
     by_point = {e.mountpoint: e for e in entries}
-    health = read_health(sysfs_root, procfs_root)
+    read = runner.reads.one("lustre health_check",
+                            functools.partial(read_health, sysfs_root, procfs_root))
+    health = Health("unreadable", read.describe()) if isinstance(read, Stuck) else read
     present = [(mp, t) for mp, fstype, t in mounts
                if mp in by_point and by_point[mp].fstype == fstype]
     lfs = shutil.which(lfs_path) if lfs_path else None

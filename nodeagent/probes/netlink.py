@@ -6,6 +6,7 @@ named one in tests), so this module never decides where it looks.
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from nodeagent.config import Rail
 from nodeagent.model import AddressInfo, LinkState, RailObservation, RouteInfo, RuleInfo
+from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 from nodeagent.probes.sysctl import read_rail_sysctls
 
 IFF_UP = 0x1
@@ -58,14 +60,34 @@ def _rule_from_msg(msg: Any) -> RuleInfo:
     )
 
 
+def _sysctls(procfs_root: Path, ifname: str, keys: list[str],
+             where: Where) -> dict[str, str | None]:
+    where.path = f"{procfs_root}/sys/net/*/conf/{ifname}"
+    return read_rail_sysctls(procfs_root, ifname, keys)
+
+
 def observe_rails(
-    ipr: Any, rails: Iterable[Rail], procfs_root: Path, sysctl_keys: dict[str, list[str]]
+    ipr: Any, rails: Iterable[Rail], procfs_root: Path, sysctl_keys: dict[str, list[str]],
+    reads: BoundedReads | None = None,
 ) -> dict[str, RailObservation]:
     """One snapshot of every given rail: link, addresses, its table's routes, its rules, sysctls.
 
-    `sysctl_keys` maps rail name -> sysctl names to read for it.
+    `sysctl_keys` maps rail name -> sysctl names to read for it; with `reads` they are read
+    off the caller's thread (a stuck one reads as unreadable).
     """
     rails = list(rails)
+    calls = {
+        rail.name: functools.partial(_sysctls, procfs_root, rail.interface,
+                                     sysctl_keys.get(rail.name, []))
+        for rail in rails}
+    got: dict[str, dict[str, str | None] | Stuck]
+    if reads is None:
+        got = {n: call(Where()) for n, call in calls.items()}
+    else:
+        ran = reads.run({f"sysctl:{n}": call for n, call in calls.items()})
+        got = {n: ran[f"sysctl:{n}"] for n in calls}
+    sysctls = {n: (dict.fromkeys(sysctl_keys.get(n, [])) if isinstance(v, Stuck) else v)
+               for n, v in got.items()}
     links = {str(m.get("ifname")): link_from_msg(m) for m in ipr.get_links()}
     addrs: dict[int, list[AddressInfo]] = {}
     for msg in ipr.get_addr():
@@ -96,6 +118,6 @@ def observe_rails(
             rules=tuple(
                 r for r in rules if r.src == own_src or (rail.table and r.table == rail.table)
             ),
-            sysctls=read_rail_sysctls(procfs_root, rail.interface, sysctl_keys.get(rail.name, [])),
+            sysctls=sysctls[rail.name],
         )
     return observed

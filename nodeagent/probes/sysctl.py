@@ -5,20 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from nodeagent.config import RAIL_SYSCTLS
+from nodeagent.config import sysctl_parts
+from nodeagent.fsutil import read_attribute
 
 
 def sysctl_path(procfs_root: Path, ifname: str, key: str) -> Path:
-    subtree = RAIL_SYSCTLS[key][0]
-    return procfs_root / "sys" / subtree / ifname / key
+    return procfs_root.joinpath(*sysctl_parts(ifname, key))
 
 
 def read_rail_sysctls(procfs_root: Path, ifname: str, keys: Iterable[str]) -> dict[str, str | None]:
-    """key -> value text, None when the file is missing or unreadable (e.g. IPv6 disabled)."""
+    """key -> value text, None when the file is missing or unreadable (e.g. IPv6 disabled),
+    or is not a regular file."""
     values: dict[str, str | None] = {}
     for key in keys:
         try:
-            values[key] = sysctl_path(procfs_root, ifname, key).read_text().strip()
+            values[key] = read_attribute(sysctl_path(procfs_root, ifname, key))
         except OSError:
             values[key] = None
     return values

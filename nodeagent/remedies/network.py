@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodeagent.config import Config, Rail
+from nodeagent.config import Config, Rail, sysctl_parts
+from nodeagent.fsutil import write_attribute
 from nodeagent.model import Drift, DriftKind
-from nodeagent.probes.sysctl import sysctl_path
 
 RT_SCOPE_LINK = 253
 RTPROT_STATIC = 4
@@ -171,7 +171,7 @@ def _run(ipr: Any, procfs_root: Path, rail: Rail, action: Action) -> None:
     elif action.op == "set_mtu":
         ipr.link("set", index=a["index"], mtu=a["mtu"])
     elif action.op == "sysctl":
-        sysctl_path(procfs_root, rail.interface, a["key"]).write_text(f"{a['value']}\n")
+        write_attribute(procfs_root, sysctl_parts(rail.interface, a["key"]), f"{a['value']}\n")
     elif action.op == "addr_add":
         ipr.addr("add", **a)
     elif action.op == "addr_del":

@@ -1,0 +1,100 @@
+"""A wedged driver attribute costs only its own fact: the daemon keeps repairing.
+
+The rails' sysfs root is a real FUSE filesystem (blockingfs.py) mirroring a fixture tree;
+reads of one RDMA device's GID slot block while a hold file exists, as a firmware command
+that never completes does on real hardware.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Netns, condition, daemon_log, read_status, stop_daemon, wait_for, write_config
+
+HERE = Path(__file__).parent
+BLOCKED = "class/infiniband/mlx5_1/ports/1/gids/3"
+
+
+def mounted(mountpoint: Path) -> bool:
+    return any(line.split()[4] == str(mountpoint)
+               for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+@pytest.fixture
+def blocking_sysfs(agent_config: dict[str, Any], tmp_path: Path) -> Iterator[Path]:
+    """agent_config's fixture sysfs tree served through FUSE; the hold file is returned."""
+    if not Path("/dev/fuse").exists():
+        raise RuntimeError("this test needs /dev/fuse (a kernel with FUSE)")
+    backing = Path(agent_config["paths"]["sysfs"])
+    mnt = tmp_path / "fuse-sys"
+    mnt.mkdir()
+    hold = tmp_path / "hold"
+    hold.touch()  # blocking from the start: the daemon's very first pass meets it
+    log = open(tmp_path / "blockingfs.log", "wb")  # noqa: SIM115 (the process owns it)
+    proc = subprocess.Popen([sys.executable, str(HERE / "blockingfs.py"), str(backing),
+                             str(mnt), str(hold), BLOCKED], stdout=log,
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 15
+    while not mounted(mnt):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("blockingfs did not mount: "
+                               + (tmp_path / "blockingfs.log").read_text()[-2000:])
+        time.sleep(0.05)
+    agent_config["paths"]["sysfs"] = str(mnt)
+    try:
+        yield hold
+    finally:
+        hold.unlink(missing_ok=True)
+        time.sleep(0.2)
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_a_blocking_gid_read_costs_its_own_fact_not_the_repairs(
+    rails_ns: Netns, agent_config: dict[str, Any], blocking_sysfs: Path, tmp_path: Path
+) -> None:
+    agent_config["resync_interval"] = "2s"  # passes keep coming while the read is stuck
+    run = Path(agent_config["runtime_dir"])
+    path = write_config(tmp_path / "c.yaml", agent_config)
+    proc = rails_ns.start_daemon(path)
+
+    def gid() -> dict[str, Any] | None:
+        data = read_status(run)
+        return condition(data, "RoCEGIDStable") if data else None
+
+    # The first pass finishes although mlx5_1's slot 3 never answers: rail1's fact is
+    # Unknown, with the path named; rail0's GID is judged as usual.
+    got = wait_for(lambda: gid() if (gid() or {}).get("status") == "Unknown" else None,
+                   timeout=20, what="RoCEGIDStable Unknown for the wedged device")
+    assert proc.poll() is None, daemon_log(proc)
+    assert got["reason"] == "GIDTableUnreadable", got
+    assert "rail1 r1" in got["message"] and BLOCKED in got["message"], got
+    assert "rail0" not in got["message"], got
+
+    # Repairs go on while it stays stuck (several passes have come and gone since).
+    for _ in range(3):
+        rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+        wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], timeout=5,
+                 what="address restored while a driver read is stuck")
+    data = read_status(run)
+    assert data is not None
+    assert any(BLOCKED in e for e in data["errors"]), data["errors"]
+    assert condition(data, "RoCENetworkReady")["status"] == "True"
+
+    # Released: the stuck read returns, the next pass reads the table, all True again.
+    blocking_sysfs.unlink()
+    wait_for(lambda: (read_status(run) or {}).get("ok") is True, timeout=20,
+             what="fabric ready once the driver answers")
+    code, out = stop_daemon(proc)
+    assert code == 0, out
