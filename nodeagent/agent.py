@@ -130,6 +130,7 @@ class Agent:
         self.since: dict[str, tuple[str, float]] = {}  # condition -> (status, since: wall clock)
         self.repair_counts: dict[str, dict[str, int]] = {}  # rail -> action kind -> count
         self.evaluator: Evaluator  # made in run(), once the netlink socket is open
+        self.reload_error: str | None = None  # why the last SIGHUP kept the old config
         self._configure(cfg)
 
     # ------------------------------------------------------------ configuration
@@ -166,14 +167,31 @@ class Agent:
             self.plugin_monitor.wake()  # new settings take effect now, not next interval
 
     def reload(self) -> None:
+        """SIGHUP: a config that cannot be loaded, validated or applied never stops the
+        daemon; it keeps the running config, logs why and says so in the status file."""
+        previous = self.cfg
         try:
             cfg = self._reload()
         except ConfigError as exc:
             for line in exc.problems:
                 log.error("reload rejected, keeping the last good config: %s", line)
+            self.reload_error = "; ".join(exc.problems)[:1000]
             return
+        except Exception as exc:  # anything else the loader meets: still not a crash
+            log.error("reload rejected, keeping the last good config: %s: %s",
+                      type(exc).__name__, exc)
+            self.reload_error = f"{type(exc).__name__}: {exc}"[:1000]
+            return
+        try:
+            self._configure(cfg)
+        except Exception as exc:
+            log.error("reload could not be applied, keeping the last good config: %s: %s",
+                      type(exc).__name__, exc)
+            self.reload_error = f"cannot apply: {type(exc).__name__}: {exc}"[:1000]
+            self._configure(previous)
+            return
+        self.reload_error = None
         log.info("config reloaded: %d rail(s)", len(cfg.rails))
-        self._configure(cfg)
         if self.lustre_monitor is None:
             self._start_lustre()  # mounts configured for the first time
         if self.plugin_monitor is None:
@@ -302,6 +320,7 @@ class Agent:
                                "hung": not r.done} for mp, r in lustre.statfs.items()]
         daemon = {
             "state": state,
+            "reload_error": self.reload_error,
             "passes": self.passes,
             "resync_interval": self.cfg.resync_interval,
             "last_pass_seconds": round(self.last_pass_seconds, 6),

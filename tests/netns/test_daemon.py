@@ -194,6 +194,58 @@ def test_sighup_reload_keeps_last_good_config(
             f"{path}: rails[0].address: 'nonsense' has no prefix length") in out
 
 
+BAD_CONFIGS: dict[str, tuple[str | bytes | None, str]] = {
+    # name: (file content; None = a FIFO in its place, b"" = removed), what the error says
+    "schema": ("rails: [{name: x, interface: r0, address: nonsense}]\n", "no prefix length"),
+    "yaml": ("rails: [\n", "invalid YAML"),
+    "alias bomb": ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join(['*a' if i == 1 else f'*a{i - 1}'] * 10)}]\n"
+        for i in range(1, 8)), "once aliases are expanded"),
+    "deep": ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested deeper than 32 levels"),
+    "huge int": ("resync_interval: " + "9" * 5000 + "\n", "integer with more than"),
+    "duplicate": ("rails: []\nrails: []\n", "duplicate key 'rails'"),
+    "not utf-8": (b"rails: \xff\n", "not utf-8 text"),
+    "nan": ("resync_interval: .nan\n", "NaN is not a duration"),
+    "fifo": (None, "a FIFO, not a regular file"),
+    "gone": (b"", "config file not found"),
+}
+
+
+def test_sighup_never_kills_whatever_the_file_holds(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "c.yaml"
+    daemon_config["repair_guard"] = {"max_repairs": 100}  # the test deletes r1's address often
+    proc = start(rails_ns, daemon_config, path)
+    for name, (content, expected) in BAD_CONFIGS.items():
+        path.unlink(missing_ok=True)
+        if content is None:
+            os.mkfifo(path)
+        elif isinstance(content, bytes):
+            if content:
+                path.write_bytes(content)
+        else:
+            path.write_text(content)
+        before = status_of(daemon_config)["daemon"]["passes"]  # type: ignore[index]
+        proc.send_signal(signal.SIGHUP)
+        data = wait_for(lambda: (d := status_of(daemon_config)) and d["daemon"]["passes"] > before
+                        and d, what=f"a pass after the {name} reload")
+        assert proc.poll() is None, (name, daemon_log(proc))
+        assert expected in (data["daemon"]["reload_error"] or ""), (name, data["daemon"])
+        # the old config is still the one enforced
+        rails_ns.ip("addr", "del", "10.11.0.5/24", "dev", "r1")
+        wait_for(lambda: rails_ns.addresses("r1") == ["10.11.0.5/24"],
+                 what=f"old config enforced after the {name} reload")
+    path.unlink(missing_ok=True)
+    write_config(path, daemon_config)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: (status_of(daemon_config) or {}).get("daemon", {}).get("reload_error", 1)
+             is None, what="a good reload clears the error")
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    assert "Traceback" not in out, out
+
+
 def test_netlink_overflow_forces_a_resync_not_a_crash(
     rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
 ) -> None:
