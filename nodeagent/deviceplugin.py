@@ -4,7 +4,6 @@ each observation to the loop, remembering which plugin pods it has ever seen Rea
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import threading
@@ -14,9 +13,10 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import is_ready, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry
-from nodeagent.fsutil import write_json_atomic
+from nodeagent.fsutil import STATE_MAX, read_text_bounded, write_json_atomic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
+from nodeagent.state import parse_json_state
 
 log = logging.getLogger(__name__)
 SEEN_FILE = "plugin-pods-seen-ready.json"
@@ -77,10 +77,10 @@ def registry_client(reg: Registry) -> RegistryClient:
 
 def load_seen_ready(cfg: Config) -> list[str]:
     try:
-        data = json.loads((cfg.state_dir / SEEN_FILE).read_text())
+        data = parse_json_state(read_text_bounded(cfg.state_dir / SEEN_FILE, STATE_MAX))
     except (OSError, ValueError):
-        return []
-    return [str(u) for u in data] if isinstance(data, list) else []
+        return []  # only a memory of pods once Ready: forgetting it is safe
+    return [u for u in data if isinstance(u, str)][:10_000] if isinstance(data, list) else []
 
 
 class DevicePluginMonitor(threading.Thread):

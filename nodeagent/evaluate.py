@@ -22,6 +22,7 @@ from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
 from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
 from nodeagent.config import Config, Rail
+from nodeagent.fsutil import describe_error
 from nodeagent.model import (
     FABRIC_READY,
     DevicePluginObservation,
@@ -112,7 +113,10 @@ class Evaluator:
         self.persist_pins = persist_pins
         self.rails = {r.name: r for r in cfg.rails}
         self.observations: dict[str, RailObservation] = {}
-        self.pins = load_pins(cfg)
+        loaded = load_pins(cfg, set_aside=persist_pins)
+        self.pins = loaded.pins
+        self.state_problems = loaded.problems  # reported until the pins are saved anew
+        self._pins_unsaved = False  # a learned pin that did not reach the disk yet
         self.gid_table = GidTable(source="none")
         self.gid_verdict: GidVerdict | None = None  # the latest, for re-pinning
         self.qps: QueuePairs | None = None  # looked at only while a GID is shifted
@@ -261,11 +265,19 @@ class Evaluator:
                 del self._repin_attempts[name]  # back on its pin: start afresh next time
         if verdict.learned:
             self.pins.update(verdict.learned)
-            if self.persist_pins:
-                try:
-                    save_pins(cfg, self.pins)
-                except OSError as exc:
-                    errors.append(f"cannot save learned GID pins in {cfg.state_dir}: {exc}")
+            self._pins_unsaved = True
+        if self._pins_unsaved and self.persist_pins:
+            # Retried every pass until it lands: a pin lost to a full disk would let a
+            # restart learn a shifted GID as the new pin.
+            try:
+                save_pins(cfg, self.pins)
+            except OSError as exc:
+                errors.append(f"cannot save learned GID pins in {cfg.state_dir} (retried "
+                              f"every pass): {describe_error(exc)}")
+            else:
+                self._pins_unsaved = False
+                self.state_problems = []
+        errors.extend(self.state_problems)
         plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
         parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
         traffic = self._traffic(errors)

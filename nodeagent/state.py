@@ -1,48 +1,111 @@
-"""Learned GID pins, kept in the state directory so a restart keeps them."""
+"""Learned GID pins, kept in the state directory so a restart keeps them.
+
+The file is the agent's own, but a disk error, an editor or a bad restore can still leave
+anything in it. So it is read bounded and validated entry by entry; a file that is not a pin
+document at all is set aside (renamed with a `.corrupt-<time>` suffix, so nothing is lost
+and the next save starts clean) and reported, never trusted, never a crash. A pin that could
+not be saved is saved again on every pass until it lands.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nodeagent.config import Config
-from nodeagent.fsutil import write_json_atomic
+from nodeagent.fsutil import (
+    STATE_MAX,
+    NotARegularFile,
+    TooLarge,
+    describe_error,
+    read_text_bounded,
+    write_json_atomic,
+)
 from nodeagent.model import Pin
 
 log = logging.getLogger(__name__)
 PINS_FILE = "pins.json"
+MAX_GID_INDEX = 65535
+_DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def load_pins(cfg: Config) -> dict[str, Pin]:
-    """Learned pins of the configured rails; a pin learned for another address is dropped."""
-    path = cfg.state_dir / PINS_FILE
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json_state(text: str) -> Any:
+    """Strict JSON: no NaN/Infinity; nesting that exhausts the parser is an error."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _pin(item: Any) -> Pin | None:
+    """One entry, or None when any field is out of shape."""
+    if not isinstance(item, dict):
+        return None
+    index, device, port = item.get("index"), item.get("device"), item.get("port")
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_GID_INDEX:
+        return None
+    if device is not None and (not isinstance(device, str) or not _DEVICE.match(device)):
+        return None
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 1 <= port <= 255):
+        return None
+    return Pin(index=index, device=device, port=port, learned=True)
+
+
+@dataclass
+class PinLoad:
+    pins: dict[str, Pin] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # one line each, for `errors`
+
+
+def load_pins(cfg: Config, set_aside: bool = True) -> PinLoad:
+    """Learned pins of the configured rails; a pin learned for another address is dropped,
+    a malformed one ignored and reported. With `set_aside` (the daemon and apply; never
+    check) a file that is not a pin document is renamed out of the way."""
+    path = cfg.state_dir / PINS_FILE
+    out = PinLoad()
+    try:
+        raw = parse_json_state(read_text_bounded(path, STATE_MAX))
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
     except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable pin state %s: %s", path, exc)
-        return {}
-    pins: dict[str, Pin] = {}
+        return out
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        why = describe_error(exc)
+        # Bad content is moved out of the way; a file that cannot be read (EIO, EACCES)
+        # stays where it is for someone to look at.
+        if set_aside and isinstance(exc, ValueError | TooLarge | NotARegularFile):
+            aside = path.with_name(f"{PINS_FILE}.corrupt-{int(time.time())}")
+            try:
+                os.replace(path, aside)
+                why += f"; set aside as {aside.name}"
+            except OSError as mv:
+                why += f"; cannot set it aside: {describe_error(mv)}"
+        out.problems.append(f"pin state {path} ignored: {why}")
+        log.error("%s", out.problems[-1])
+        return out
     rails = {r.name: r for r in cfg.rails}
-    if not isinstance(raw, dict):
-        log.warning("ignoring pin state %s: not a JSON object", path)
-        return {}
     for name, item in raw.items():
         rail = rails.get(name)
         if rail is None or not isinstance(item, dict) or item.get("address") != rail.address:
+            continue  # another rail's, or learned for another address: learn again
+        pin = _pin(item)
+        if pin is None:
+            out.problems.append(f"pin state {path}: malformed pin for {name} ignored")
+            log.warning("%s", out.problems[-1])
             continue
-        try:
-            pins[name] = Pin(
-                index=int(item["index"]),
-                device=item.get("device"),
-                port=item.get("port"),
-                learned=True,
-            )
-        except (KeyError, TypeError, ValueError):
-            log.warning("ignoring malformed pin for %s in %s", name, path)
-    return pins
+        out.pins[name] = pin
+    return out
 
 
 def save_pins(cfg: Config, pins: dict[str, Pin]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -285,6 +286,37 @@ def test_a_crashed_daemon_restarts_with_its_learned_pins(
         "GIDIndexShifted", "rail1 r1: IPv4 RoCE v2 GID at index 7, pinned 3 (mlx5_1 port 1); "
         "re-pinning is off (gid_repin: never)")
     assert stop_daemon(proc)[0] == 0
+
+
+def test_pins_that_cannot_be_saved_are_retried_until_they_land(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Disk full: a real 64 KiB tmpfs as the state dir, filled up before the first pass."""
+    state = Path(daemon_config["state_dir"])
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(state)], check=True)
+    try:
+        filler = state / "filler"
+        with open(filler, "wb") as f, contextlib.suppress(OSError):
+            f.write(b"\0" * (1 << 20))  # ENOSPC once the 64 KiB are used
+        daemon_config["resync_interval"] = "1s"
+        write_config(tmp_path / "c.yaml", daemon_config)
+        proc = rails_ns.start_daemon(tmp_path / "c.yaml")
+        data = wait_for(lambda: (d := status_of(daemon_config)) and any(
+            "cannot save learned GID pins" in e for e in d["errors"]) and d,
+            timeout=20, what="the failed save reported")
+        assert any("No space left on device" in e for e in data["errors"]), data["errors"]
+        assert not (state / "pins.json").exists()
+        filler.unlink()
+        wait_for(lambda: (state / "pins.json").exists(), what="pins saved once space returns")
+        wait_for(lambda: not any("cannot save" in e
+                                 for e in (status_of(daemon_config) or {"errors": ["x"]})[
+                                     "errors"]), what="the error cleared")
+        pins = json.loads((state / "pins.json").read_text())
+        assert {n: p["index"] for n, p in pins.items()} == {"rail0": 3, "rail1": 3}
+        assert stop_daemon(proc)[0] == 0
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
 
 
 def test_a_shifted_gid_is_repinned_once_its_last_qp_is_gone(
