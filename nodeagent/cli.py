@@ -23,6 +23,7 @@ from nodeagent.config import (
     parse_config,
 )
 from nodeagent.fleet import add_arguments as add_fleet_arguments
+from nodeagent.fsutil import describe_error, printable
 
 EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
 
@@ -83,16 +84,19 @@ def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) ->
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
+    # What a daemon, a file or a driver wrote: control characters never reach the terminal.
+    p = printable
     verdict = "fabric ready" if data["ok"] else "FABRIC NOT READY"
-    print(f"node {data['node']}: {verdict}")
+    print(f"node {p(data['node'])}: {verdict}")
     for c in data["conditions"]:
-        print(f"  {c['type']:<22} {c['status']:<8} {c['reason']:<24} {c['message']}")
+        print(f"  {p(c['type']):<22} {p(c['status']):<8} {p(c['reason']):<24} "
+              f"{p(c['message'])}")
     if data.get("actions"):
         print("would run:" if dry_run else "repaired:")
         for a in data["actions"]:
-            print(f"  {a}")
+            print(f"  {p(a)}")
     for e in data.get("errors", []):
-        print(f"error: {e}")
+        print(f"error: {p(e)}")
 
 
 def _ipr() -> Any:
@@ -144,14 +148,27 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from nodeagent.agent import Agent
+    from nodeagent.publish.status import AlreadyRunning, DaemonLock
     from nodeagent.systemd import setup_logging
 
     setup_logging(args.log_level)  # the journal with structured fields under systemd
     path = args.config or default_config_path()
     cfg = load_config(path)
-    agent = Agent(cfg, reload=lambda: load_config(path))
-    agent.install_signals()
-    return agent.run()
+    lock = DaemonLock(cfg.runtime_dir)
+    try:
+        lock.acquire()  # two daemons on one runtime dir would fight over every rail
+    except AlreadyRunning as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"nodeagent: cannot lock {lock.path}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        agent = Agent(cfg, reload=lambda: load_config(path))
+        agent.install_signals()
+        return agent.run()
+    finally:
+        lock.release()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -179,14 +196,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(missing)
         return EXIT_NOT_OK
     except (OSError, ValueError) as exc:
-        print(f"cannot read status file {path}: {exc}", file=sys.stderr)
+        print(f"cannot read status file {path}: {printable(describe_error(exc))}",
+              file=sys.stderr)
         return EXIT_NOT_OK
     data = view.data
     problem: str | None = view.problem
     data["daemon"].update(
         {
             "running": view.running,
-            "age_seconds": round(view.age, 3),
+            "age_seconds": round(view.age, 3) if view.age != float("inf") else None,
             "stale": view.stale,
             "problem": problem,
         }
@@ -195,10 +213,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         data["ok"] = False
     _print_report(data, args.json)
     if not args.json:
-        print(
+        print(printable(
             problem
             or f"daemon pid {data['daemon'].get('pid')} running, last pass {view.age:.1f}s ago"
-        )
+        ))
     return EXIT_OK if data["ok"] else EXIT_NOT_OK
 
 

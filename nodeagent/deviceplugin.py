@@ -13,10 +13,9 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import is_ready, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry
-from nodeagent.fsutil import STATE_MAX, read_text_bounded, write_json_atomic
+from nodeagent.fsutil import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
-from nodeagent.state import parse_json_state
 
 log = logging.getLogger(__name__)
 SEEN_FILE = "plugin-pods-seen-ready.json"

@@ -93,6 +93,28 @@ def read_text_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | No
     return read_bytes_bounded(path, limit, dir_fd).decode(encoding, errors)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json_state(text: str) -> Any:
+    """Strict JSON for files the agent reads back: no NaN/Infinity; nesting that exhausts
+    the parser is a ValueError like any other bad content."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def printable(text: Any) -> str:
+    """Text from files or the API, safe for a terminal: control characters (escape
+    sequences among them) shown escaped, never sent to the terminal."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
 def describe_error(exc: BaseException) -> str:
     """An OSError or decoding error as a short phrase for a one-line message."""
     if isinstance(exc, UnicodeDecodeError):

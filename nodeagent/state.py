@@ -9,7 +9,6 @@ not be saved is saved again on every pass until it lands.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ from nodeagent.fsutil import (
     NotARegularFile,
     TooLarge,
     describe_error,
+    parse_json_state,
     read_text_bounded,
     write_json_atomic,
 )
@@ -33,18 +33,6 @@ log = logging.getLogger(__name__)
 PINS_FILE = "pins.json"
 MAX_GID_INDEX = 65535
 _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json_state(text: str) -> Any:
-    """Strict JSON: no NaN/Infinity; nesting that exhausts the parser is an error."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
 
 
 def _pin(item: Any) -> Pin | None:

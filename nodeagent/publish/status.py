@@ -6,16 +6,83 @@ a reader can tell a dead daemon or a wedged loop from a healthy one.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import errno
+import fcntl
+import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.fsutil import write_json_atomic
+from nodeagent.fsutil import STATUS_MAX, parse_json_state, read_text_bounded, write_json_atomic
 
 STATUS_FILE = "status.json"
+LOCK_FILE = "daemon.lock"
+
+
+class AlreadyRunning(Exception):
+    def __init__(self, path: Path, pid: int | None) -> None:
+        holder = f"pid {pid}" if pid else "another process"
+        super().__init__(f"another nodeagent daemon ({holder}) holds {path}")
+        self.pid = pid
+
+
+def _lock_pid(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        pid = int(text)
+        return pid if 0 < pid < 2**22 else None
+    return None
+
+
+class DaemonLock:
+    """One daemon per runtime dir: an exclusive flock on runtime_dir/daemon.lock, held for
+    the daemon's life (the kernel drops it when the process dies, however it dies), with
+    the holder's pid in the file for `status` and the refusal message."""
+
+    def __init__(self, runtime_dir: Path) -> None:
+        self.path = Path(runtime_dir) / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            pid = _lock_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise AlreadyRunning(self.path, pid) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def daemon_holding(runtime_dir: Path) -> int | None:
+    """The pid of the daemon that holds the runtime dir's lock (0 when it cannot be told),
+    or None when no daemon holds it."""
+    try:
+        fd = os.open(Path(runtime_dir) / LOCK_FILE,
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _lock_pid(fd) or 0
+        return None  # we could take it: nobody holds it
+    finally:
+        os.close(fd)
 
 
 def status_path(runtime_dir: Path) -> Path:
@@ -34,35 +101,57 @@ class StatusView:
     running: bool
     age: float
     stale: bool
+    holder: int | None = None  # pid holding the daemon lock
 
     @property
     def problem(self) -> str | None:
         pid = self.data.get("daemon", {}).get("pid")
-        if not self.running:
-            return f"daemon is not running (pid {pid} is gone); last status is {self.age:.0f}s old"
+        if not self.running:  # nobody holds the daemon lock
+            age = "" if math.isinf(self.age) else f"; last status is {self.age:.0f}s old"
+            return f"daemon is not running (pid {pid} is gone){age}"
+        if self.holder and self.holder != pid:
+            return (f"the status file was written by pid {pid}, but pid {self.holder} holds "
+                    "the daemon lock: it has not finished a pass yet")
+        if math.isinf(self.age):
+            return "status is dated in the future (updated_at is ahead of this clock)"
         if self.stale:
             return f"status is stale: last pass {self.age:.0f}s ago (daemon pid {pid} wedged?)"
         return None
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_SHAPE = {"node": str, "ok": bool, "conditions": list, "daemon": dict}
+
+
+def validate_status(raw: Any) -> dict[str, Any]:
+    """The parts `status` reads, checked for shape; ValueError names the first bad one."""
+    if not isinstance(raw, dict):
+        raise ValueError("not a nodeagent status file (not a JSON object)")
+    for key, kind in _SHAPE.items():
+        if not isinstance(raw.get(key), kind):
+            raise ValueError(f"not a nodeagent status file ({key!r} is not a {kind.__name__})")
+    for i, c in enumerate(raw["conditions"]):
+        if not isinstance(c, dict) or not all(isinstance(c.get(k), str)
+                                              for k in ("type", "status", "reason", "message")):
+            raise ValueError(f"not a nodeagent status file (conditions[{i}] is malformed)")
+    for key in ("actions", "errors"):
+        if not isinstance(raw.setdefault(key, []), list):
+            raise ValueError(f"not a nodeagent status file ({key!r} is not a list)")
+    updated = raw["daemon"].get("updated_at", 0)
+    if isinstance(updated, bool) or not isinstance(updated, int | float) \
+            or not math.isfinite(updated):
+        raise ValueError("not a nodeagent status file (daemon.updated_at is not a time)")
+    return raw
 
 
 def read_status(runtime_dir: Path, stale_after: float) -> StatusView:
-    """Raises FileNotFoundError when the daemon never wrote one, ValueError when corrupt."""
-    raw = json.loads(status_path(runtime_dir).read_text(encoding="utf-8"))
-    if not isinstance(raw, dict) or not isinstance(raw.get("daemon"), dict):
-        raise ValueError("not a nodeagent status file")
+    """Raises FileNotFoundError when the daemon never wrote one, ValueError when corrupt.
+    Whether a daemon runs is told by the daemon lock, not by guessing from a pid."""
+    raw = validate_status(parse_json_state(read_text_bounded(status_path(runtime_dir),
+                                                              STATUS_MAX)))
     daemon = raw["daemon"]
-    age = max(0.0, time.time() - float(daemon.get("updated_at", 0)))
-    running = _pid_alive(daemon.get("pid"))
-    return StatusView(data=raw, running=running, age=age, stale=age > stale_after)
+    # A time in the future (a clock stepped back, or a forged file) counts as old, not fresh.
+    age = time.time() - float(daemon.get("updated_at", 0))
+    age = age if age >= 0 else math.inf
+    holder = daemon_holding(runtime_dir)
+    return StatusView(data=raw, running=holder is not None, age=age,
+                      stale=age > stale_after, holder=holder)

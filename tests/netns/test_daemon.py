@@ -166,6 +166,33 @@ def test_sigterm_writes_status_and_exits_zero(
     assert res.stdout.splitlines()[-1].startswith("daemon is not running (pid ")
 
 
+def test_a_second_daemon_on_the_same_runtime_dir_is_refused(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    first = start(rails_ns, daemon_config, cfg)
+    second = rails_ns.start_daemon(cfg)
+    assert second.wait(timeout=20) == 2
+    lock = Path(daemon_config["runtime_dir"]) / "daemon.lock"
+    assert daemon_log(second).strip().splitlines()[-1] == (
+        f"nodeagent: another nodeagent daemon (pid {first.pid}) holds {lock}")
+    res = rails_ns.nodeagent("status", "--config", str(cfg), "--json")
+    data = json.loads(res.stdout)
+    assert res.returncode == 0 and data["daemon"]["running"] is True
+    assert data["daemon"]["pid"] == first.pid
+    # The holder dies without a word (SIGKILL): the kernel drops the lock; status says so,
+    # and a new daemon can start at once.
+    first.kill()
+    first.wait()
+    res = rails_ns.nodeagent("status", "--config", str(cfg))
+    assert res.returncode == 1
+    assert res.stdout.splitlines()[-1].startswith(f"daemon is not running (pid {first.pid}")
+    third = rails_ns.start_daemon(cfg)
+    wait_for(lambda: (status_of(daemon_config) or {})["daemon"]["pid"] == third.pid,
+             timeout=20, what="the new daemon's first pass")
+    assert stop_daemon(third)[0] == 0
+
+
 def test_sigint_also_stops_cleanly(
     rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -229,8 +256,9 @@ def test_sighup_never_kills_whatever_the_file_holds(
             path.write_text(content)
         before = status_of(daemon_config)["daemon"]["passes"]  # type: ignore[index]
         proc.send_signal(signal.SIGHUP)
-        data = wait_for(lambda: (d := status_of(daemon_config)) and d["daemon"]["passes"] > before
-                        and d, what=f"a pass after the {name} reload")
+        data = wait_for(lambda b=before: (d := status_of(daemon_config))
+                        and d["daemon"]["passes"] > b and d,
+                        what=f"a pass after the {name} reload")
         assert proc.poll() is None, (name, daemon_log(proc))
         assert expected in (data["daemon"]["reload_error"] or ""), (name, data["daemon"])
         # the old config is still the one enforced

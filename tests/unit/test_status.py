@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nodeagent.fsutil import write_json_atomic
-from nodeagent.publish.status import read_status, write_status
+from nodeagent.publish.status import AlreadyRunning, DaemonLock, read_status, write_status
 
 
 def status_cli(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -34,21 +41,46 @@ def test_no_status_file(tmp_path: Path) -> None:
 
 
 def test_fresh_status_of_a_live_daemon(tmp_path: Path) -> None:
-    write_status(tmp_path / "run", REPORT, {"state": "running", "passes": 3})  # our pid: alive
+    write_status(tmp_path / "run", REPORT, {"state": "running", "passes": 3})
+    # A live pid is not enough: only the holder of the daemon lock is the daemon.
     res = status_cli(tmp_path, "--json")
+    assert res.returncode == 1 and json.loads(res.stdout)["daemon"]["running"] is False
+    lock = DaemonLock(tmp_path / "run")
+    lock.acquire()  # as `nodeagent run` does
+    try:
+        res = status_cli(tmp_path, "--json")
+    finally:
+        lock.release()
     assert res.returncode == 0, res.stdout
     data = json.loads(res.stdout)
     assert data["daemon"]["running"] is True and data["daemon"]["stale"] is False
     assert data["daemon"]["pid"] == os.getpid()
 
 
+def test_a_second_lock_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    first = DaemonLock(tmp_path)
+    first.acquire()
+    try:
+        with pytest.raises(AlreadyRunning) as info:
+            DaemonLock(tmp_path).acquire()
+        assert info.value.pid == os.getpid()
+        assert str(info.value) == (f"another nodeagent daemon (pid {os.getpid()}) holds "
+                                   f"{tmp_path}/daemon.lock")
+    finally:
+        first.release()
+    DaemonLock(tmp_path).acquire()  # free once released (or once its holder dies)
+
+
 def test_stale_status_means_not_ok(tmp_path: Path) -> None:
     write_status(tmp_path / "run", REPORT, {"state": "running"})
+    lock = DaemonLock(tmp_path / "run")
+    lock.acquire()  # a daemon holds it, but its last pass is old
     path = tmp_path / "run" / "status.json"
     data = json.loads(path.read_text())
     data["daemon"]["updated_at"] = time.time() - 300  # stale after 2 x 10 s + 10 s
     path.write_text(json.dumps(data))
     res = status_cli(tmp_path)
+    lock.release()
     assert res.returncode == 1
     assert res.stdout.splitlines()[-1].startswith("status is stale: last pass 300s ago")
 
@@ -82,3 +114,39 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path: Path) -> None:
         write_json_atomic(tmp_path / "x.json", {"i": i})
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
     assert json.loads((tmp_path / "x.json").read_text()) == {"i": 4}
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
+    | st.text(max_size=20) | st.just("\x1b[31mred\x1b[0m"),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=15)
+_condition = st.fixed_dictionaries(
+    {"type": st.text(max_size=10), "status": st.sampled_from(["True", "False", "\x1b]0;x\x07"]),
+     "reason": st.text(max_size=10), "message": st.text(max_size=30)})
+_status = st.fixed_dictionaries({}, optional={
+    "node": st.text(max_size=10) | _json, "ok": st.booleans() | _json,
+    "conditions": st.lists(_condition | _json, max_size=3) | _json,
+    "actions": st.lists(st.text(max_size=10), max_size=2) | _json,
+    "errors": st.lists(st.text(max_size=10), max_size=2) | _json,
+    "daemon": st.fixed_dictionaries({}, optional={
+        "pid": st.integers(-5, 2**80) | _json,
+        "updated_at": st.floats() | st.integers(-(2**70), 2**70) | _json}) | _json})
+
+
+@given(_status | _json)
+def test_generated_status_files_never_crash_status(tmp_path_factory: Any, doc: Any) -> None:
+    from nodeagent.cli import main
+
+    tmp = tmp_path_factory.mktemp("st")
+    (tmp / "run").mkdir()
+    (tmp / "run" / "status.json").write_text(json.dumps(doc))
+    cfg = tmp / "c.yaml"
+    cfg.write_text(f"runtime_dir: {tmp / 'run'}\n")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["status", "--config", str(cfg)])
+    assert code in (0, 1), code
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
+    assert len(err.getvalue().splitlines()) <= 1
