@@ -32,6 +32,7 @@ from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
 from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
 from nodeagent.evaluate import Evaluator, Repairs, Report
+from nodeagent.fsutil import descriptor_faults
 from nodeagent.lustre import LustreMonitor
 from nodeagent.model import FABRIC_READY
 from nodeagent.probes.netlink import link_from_msg
@@ -257,6 +258,22 @@ class Agent:
         return min(due) + 0.01 if due else None
 
     def run_pass(self, rails: set[str] | None) -> Report:
+        faults = descriptor_faults()
+        report = self._pass(rails)
+        if descriptor_faults() != faults and self.last_report is not None:
+            # Out of descriptors: reads failed for the agent's sake, not the fabric's. The
+            # repairs of this pass stand; its verdict does not replace the last one.
+            log.error("out of file descriptors during a pass: keeping the last verdict")
+            report.findings = list(self.last_report.findings)
+            report.errors.append("agent fault: out of file descriptors (EMFILE); the "
+                                 "conditions are those of the last complete pass")
+        self.last_report = report
+        if self.publisher is not None:
+            self.publisher.submit(report)  # never waits for the API server
+        self._publish(report)
+        return report
+
+    def _pass(self, rails: set[str] | None) -> Report:
         started = time.perf_counter()
         self.evaluator.timings.clear()
         paused, _ = self.overrides()
@@ -276,14 +293,10 @@ class Agent:
             report = self.evaluator.judge(repairs, overrides)
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
-        self.last_report = report
         if self.metrics is not None:
             self.metrics.observe_pass(
                 {**self.evaluator.timings, "pass": self.last_pass_seconds},
                 [(n, a.kind.value) for n, acts in repairs.done.items() for a in acts])
-        if self.publisher is not None:
-            self.publisher.submit(report)  # never waits for the API server
-        self._publish(report)
         return report
 
     def _count_repairs(self, now: float, repairs: Repairs, guard: bool = True) -> None:

@@ -25,6 +25,27 @@ STATE_MAX = 1 << 20
 STATUS_MAX = 8 << 20
 
 
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE)
+_descriptor_faults = 0
+
+
+def descriptor_faults() -> int:
+    """How many opens failed for want of a file descriptor (EMFILE/ENFILE) so far. Such a
+    failure says nothing about the fabric: a pass that met one must not turn it into a
+    verdict (the caller compares this count before and after)."""
+    return _descriptor_faults
+
+
+def open_counted(path: str | os.PathLike[str], flags: int, dir_fd: int | None = None) -> int:
+    global _descriptor_faults
+    try:
+        return os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _EXHAUSTED:
+            _descriptor_faults += 1
+        raise
+
+
 class NotARegularFile(OSError):
     """The path is a FIFO, device, socket or directory: reading it could block or mislead."""
 
@@ -51,7 +72,7 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | N
     component. Raises OSError (NotARegularFile, TooLarge, or the system's error).
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    fd = os.open(path, flags, dir_fd=dir_fd)
+    fd = open_counted(path, flags, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -76,7 +97,7 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | N
 def read_attribute(path: str | os.PathLike[str], dir_fd: int | None = None) -> str:
     """A sysfs or procfs attribute: a regular file read once, at most a page (the kernel
     shows an attribute in one page). Text, stripped; undecodable bytes replaced."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    fd = open_counted(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from nodeagent.fsutil import read_attribute
+from nodeagent.fsutil import open_counted, read_attribute
 from nodeagent.model import GidEntry, GidTable, GidType
 from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 
@@ -98,9 +98,13 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int,
     entries: list[GidEntry] = []
     errors: list[str] = []
     try:
-        names = os.listdir(base / "gids")
-        gids_fd = os.open(base / "gids", os.O_RDONLY | os.O_DIRECTORY)
+        gids_fd = open_counted(base / "gids", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
+        return [], [f"{device} port {port}: cannot list GIDs: {exc.strerror or exc}"]
+    try:
+        names = os.listdir(gids_fd)
+    except OSError as exc:
+        os.close(gids_fd)
         return [], [f"{device} port {port}: cannot list GIDs: {exc.strerror or exc}"]
     try:
         raw_gids = []

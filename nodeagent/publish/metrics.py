@@ -7,15 +7,21 @@ Names follow Prometheus conventions: `nodeagent_` prefix, base units, `_total` c
 
 from __future__ import annotations
 
+import logging
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
+log = logging.getLogger(__name__)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 STATUSES = ("True", "False", "Unknown")
 
@@ -139,9 +145,57 @@ def _lustre(mounts: list[dict[str, Any]]) -> Iterable[Metric]:
     yield hung
 
 
-def serve(metrics: AgentMetrics, listen: str) -> Any:
+MAX_CONNECTIONS = 16  # scrapers are few; more at once are closed on accept
+IDLE_TIMEOUT = 5.0  # seconds a connection may sit without sending its request
+
+
+class _Handler(MetricsHandler):
+    timeout = IDLE_TIMEOUT  # StreamRequestHandler: a socket timeout for every read and write
+
+
+class BoundedMetricsServer(ThreadingHTTPServer):
+    """prometheus_client's handler behind a server with limits: at most MAX_CONNECTIONS
+    handled at once (each further one is closed as soon as it is accepted, so it holds a
+    descriptor for microseconds, not forever), an idle/read timeout on every connection,
+    and a peer that resets or times out costs a debug line, not a traceback."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry,
+                 family: socket.AddressFamily = socket.AF_INET) -> None:
+        self.address_family = family
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+        super().__init__(address, type("Handler", (_Handler,), {"registry": registry}))
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics connection from %s failed: %s", client_address, sys.exc_info()[1])
+
+
+def serve(metrics: AgentMetrics, listen: str) -> BoundedMetricsServer:
     """Starts the endpoint on a daemon thread; returns the server (for shutdown)."""
     host, _, port = listen.rpartition(":")
-    server, _thread = start_http_server(int(port), addr=host.strip("[]"),
-                                        registry=metrics.registry)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server = BoundedMetricsServer((host, int(port)), metrics.registry, family)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

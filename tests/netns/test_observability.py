@@ -202,3 +202,67 @@ def test_status_of_a_daemon_without_metrics_has_no_endpoint(rails_ns: Netns,
         assert read_status(Path(agent_config["runtime_dir"])) is not None
     finally:
         stop_daemon(proc)
+
+
+FLOOD = textwrap.dedent("""
+    # Idle connections, opened 50 at a time so the accept queue never overflows (a dropped
+    # SYN would wait for the kernel's retry): each one the server accepts, it holds.
+    import socket, sys, time
+    socks = []
+    for _ in range(int(sys.argv[1]) // 50):
+        for _ in range(50):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", int(sys.argv[2])))  # never waits
+            socks.append(s)
+        time.sleep(0.05)
+    print("open", len(socks), flush=True)
+    time.sleep(float(sys.argv[3]))
+""")
+
+
+def test_a_flood_of_idle_metrics_connections_never_blinds_the_agent(
+        rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path) -> None:
+    """2,000 idle connections against a daemon limited to 64 descriptors: repairs go on,
+    the verdict stays True, no traceback, and the endpoint answers once they are gone."""
+    from helpers import PYTHON, daemon_log, write_config
+
+    agent_config["metrics"] = {"listen": f"127.0.0.1:{PORT}"}
+    agent_config["resync_interval"] = "1s"  # passes (and sysfs reads) all through the flood
+    agent_config["repair_guard"] = {"max_repairs": 100}
+    path = write_config(tmp_path / "c.yaml", agent_config)
+    log_path = tmp_path / "daemon.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["ip", "netns", "exec", rails_ns.name, "prlimit",
+                                 "--nofile=64:64", PYTHON, "-m", "nodeagent", "run",
+                                 "--config", str(path)], stdout=log, stderr=subprocess.STDOUT,
+                                text=True)
+    proc.log_path = log_path  # type: ignore[attr-defined]
+    rails_ns.daemons.append(proc)
+    wait_for(lambda: (status_of(agent_config) or {}).get("ok") is True, timeout=20,
+             what="first healthy pass")
+    flood = subprocess.Popen(["ip", "netns", "exec", rails_ns.name, "prlimit",
+                              "--nofile=4096:4096", PYTHON, "-c", FLOOD, "2000", str(PORT),
+                              "20"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert flood.stdout is not None and flood.stdout.readline().startswith("open 2000")
+        time.sleep(3.0)  # the accepted connections sit idle; an unlimited endpoint holds
+        #   every one of them (measured: 64 of 64 descriptors, and no pass completes)
+        passes = status_of(agent_config)["daemon"]["passes"]  # type: ignore[index]
+        for _ in range(3):
+            rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+            wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"],
+                     what="address restored during the flood")
+            time.sleep(1.0)
+        data = wait_for(lambda: (d := status_of(agent_config))
+                        and d["daemon"]["passes"] > passes + 2 and d, what="passes go on")
+        assert data["ok"] is True, data["conditions"]
+        assert not [e for e in data["errors"] if "descriptor" in e], data["errors"]
+    finally:
+        flood.kill()
+        flood.wait()
+    text = wait_for(lambda: scrape(rails_ns), timeout=20, what="the endpoint answers again")
+    assert sample(text, "nodeagent_condition", condition="FabricReady", status="True") == 1.0
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    assert "Traceback" not in daemon_log(proc), daemon_log(proc)[-3000:]
