@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -210,7 +211,8 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
 
     out = out or sys.stdout
     try:
-        api = api_client(Kubernetes(kubeconfig=args.kubeconfig))
+        api = api_client(Kubernetes(
+            kubeconfig=os.path.abspath(args.kubeconfig) if args.kubeconfig else None))
     except Exception as exc:  # no kubeconfig, unreadable, not in a cluster
         print(f"fleet: {(str(exc).splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
         return 1

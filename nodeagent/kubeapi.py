@@ -12,13 +12,16 @@ import json
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.kube_config import KubeConfigLoader
 
-from nodeagent.config import Kubernetes
+from nodeagent.config import Kubernetes, safe_yaml
+from nodeagent.fsutil import CONFIG_MAX, read_text_bounded
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
 
@@ -27,7 +30,15 @@ def api_client(cfg: Kubernetes) -> k8s.ApiClient:
     """An ApiClient from the configured kubeconfig, else in-cluster, else $KUBECONFIG."""
     conf = k8s.Configuration()
     if cfg.kubeconfig:
-        k8s_config.load_kube_config(config_file=cfg.kubeconfig, client_configuration=conf)
+        # Read bounded (a FIFO or a huge file is refused) and parsed with the config's own
+        # YAML limits (no alias bombs), then handed to the client's loader; certificate
+        # paths inside stay relative to the kubeconfig's directory, as kubectl reads them.
+        path = Path(cfg.kubeconfig)
+        data = safe_yaml(read_text_bounded(path, CONFIG_MAX))
+        if not isinstance(data, dict):
+            raise k8s_config.ConfigException(f"{path}: not a kubeconfig (not a mapping)")
+        KubeConfigLoader(config_dict=data, config_base_path=str(path.parent)).load_and_set(
+            conf)
     else:
         try:
             k8s_config.load_incluster_config(client_configuration=conf)
