@@ -377,7 +377,7 @@ class Agent:
         node = self.cfg.resolved_node_name()
         self.publisher = Publisher(
             kcfg,
-            lambda: NodeWriter(api_client(kcfg), node, kcfg),
+            lambda: NodeWriter(api_client(kcfg, kcfg.request_timeout), node, kcfg),
             on_change=lambda: self.work.put(Work("status")),
         )
         self.publisher.start()

@@ -386,6 +386,8 @@ class Kubernetes(_Strict):
     lease_namespace: Text = "nodeagent-system"
     lease_period: Interval = 20.0  # heartbeat: Lease renewed this often
     reconcile_interval: Interval = 600.0  # re-read the Node even when nothing changed
+    request_timeout: Timeout = 15.0  # one API request in all, reply included (a server that
+    #   trickles its reply cannot hold the publisher)
     event_burst: int = Field(default=10, ge=1, le=10_000)  # Events: token bucket of this size
     event_rate: float = Field(default=0.2, gt=0, le=1000, allow_inf_nan=False)  # ... refilled
     #   at this many per second

@@ -43,7 +43,8 @@ def plugin_reader(
                     old.stop()
             readers.clear()
             assert cfg.kubernetes is not None
-            api, node = api_client(cfg.kubernetes), cfg.resolved_node_name()
+            api = api_client(cfg.kubernetes, cfg.kubernetes.request_timeout)
+            node = cfg.resolved_node_name()
             readers[dp] = (KubeReader(api, node) if on_change is None
                            else WatchingReader(api, node, dp, on_change))
         return readers[dp]

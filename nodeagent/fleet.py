@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nodeagent.config import parse_duration
+from nodeagent.fsutil import printable
 from nodeagent.kubefields import quantity, timestamp
 from nodeagent.model import (
     FABRIC_READY,
@@ -50,33 +52,51 @@ class FleetRow:
     flags: list[str] = field(default_factory=list)
 
 
-def fleet_rows(nodes: Iterable[Mapping[str, Any]], leases: Iterable[Mapping[str, Any]],
+def _obj(value: Any) -> Mapping[str, Any]:
+    """A JSON object from someone else's data, or {} when it is anything else."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
                resource: str, taint_key: str, now: float, stale_after: float,
                taint_older: float) -> list[FleetRow]:
+    """Rows from the API's objects; a field of the wrong shape reads as absent, never as a
+    crash (the objects are another program's data)."""
     renewed = {}
     for lease in leases:
-        name = lease.get("metadata", {}).get("name", "")
+        name = _str(_obj(_obj(lease).get("metadata")).get("name"))
         if name.startswith("nodeagent-"):
-            renewed[name[len("nodeagent-"):]] = timestamp(lease.get("spec", {}).get("renewTime"))
+            renewed[name[len("nodeagent-"):]] = timestamp(
+                _str(_obj(_obj(lease).get("spec")).get("renewTime")))
     rows = []
-    for node in nodes:
-        name = node.get("metadata", {}).get("name", "")
-        status = node.get("status", {})
-        conds = {c.get("type"): c for c in status.get("conditions") or []}
+    for raw in nodes:
+        node = _obj(raw)
+        name = _str(_obj(node.get("metadata")).get("name"))
+        status = _obj(node.get("status"))
+        conds = {_str(c.get("type")): c for c in map(_obj, _list(status.get("conditions")))}
         fabric = conds.get(FABRIC_READY, {})
-        taint = next((t for t in node.get("spec", {}).get("taints") or []
+        taint = next((t for t in map(_obj, _list(_obj(node.get("spec")).get("taints")))
                       if t.get("key") == taint_key), None)
-        since = fabric.get("lastTransitionTime", "")
+        since = _str(fabric.get("lastTransitionTime"))
         renew = renewed.get(name)
         row = FleetRow(
-            node=name, fabric=fabric.get("status", "-"), reason=fabric.get("reason", ""),
-            conditions={t: {"status": c.get("status", ""), "reason": c.get("reason", ""),
-                            "message": c.get("message", "")}
+            node=name, fabric=_str(fabric.get("status")) or "-",
+            reason=_str(fabric.get("reason")),
+            conditions={t: {"status": _str(c.get("status")), "reason": _str(c.get("reason")),
+                            "message": _str(c.get("message"))}
                         for t, c in conds.items() if t in (*COLUMNS, FABRIC_READY)},
-            tainted=taint is not None, taint_reason=(taint or {}).get("value", ""),
+            tainted=taint is not None, taint_reason=_str((taint or {}).get("value")),
             since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
-            capacity=quantity((status.get("capacity") or {}).get(resource)),
-            allocatable=quantity((status.get("allocatable") or {}).get(resource)))
+            capacity=quantity(_obj(status.get("capacity")).get(resource)),
+            allocatable=quantity(_obj(status.get("allocatable")).get(resource)))
         if row.heartbeat_age is None or row.heartbeat_age > stale_after:
             row.flags.append("agent-stale" if renew is not None else "no-agent")
         if row.capacity == 0 or row.allocatable == 0:
@@ -118,7 +138,7 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
                             if r.conditions.get(t, {}).get("status") not in (None, "True")
                             else "") for t in COLUMNS]
         line.append(",".join(r.flags) or "-")
-        lines.append(line)
+        lines.append([printable(cell) for cell in line])  # names and reasons are not ours
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
     out = []
     for n, line in enumerate(lines):
@@ -159,7 +179,10 @@ class FleetSource:
         nodes = call(self.api, self.counters, "GET", "/api/v1/nodes", query=query)
         leases = call(self.api, self.counters, "GET",
                       f"/apis/coordination.k8s.io/v1/namespaces/{self.lease_namespace}/leases")
-        return nodes.get("items", []), leases.get("items", [])
+        for what, got in (("nodes", nodes), ("leases", leases)):
+            if not isinstance(got.get("items"), list):
+                raise ValueError(f"the {what} list has no 'items' list")
+        return nodes["items"], leases["items"]
 
     def watch(self, redraw: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None],
               stop: threading.Event, coalesce: float = 0.5) -> None:
@@ -203,6 +226,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="flag an agent heartbeat older than this")
     p.add_argument("--taint-older", type=float, default=1800.0, metavar="SECONDS",
                    help="flag a taint older than this")
+    p.add_argument("--request-timeout", type=parse_duration, default=15.0, metavar="DURATION",
+                   help="one API request in all, reply included (default 15s)")
 
 
 def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None = None) -> int:
@@ -212,7 +237,8 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
     out = out or sys.stdout
     try:
         api = api_client(Kubernetes(
-            kubeconfig=os.path.abspath(args.kubeconfig) if args.kubeconfig else None))
+            kubeconfig=os.path.abspath(args.kubeconfig) if args.kubeconfig else None),
+            args.request_timeout)
     except Exception as exc:  # no kubeconfig, unreadable, not in a cluster
         print(f"fleet: {(str(exc).splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
         return 1
@@ -234,7 +260,8 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
         except Exception as exc:  # refused, 403, bad kubeconfig: one line, not a trace
             from nodeagent.probes.kube import describe
 
-            print(f"fleet: cannot list nodes and leases: {describe(exc)}", file=sys.stderr)
+            print(f"fleet: cannot list nodes and leases: {printable(describe(exc))}",
+                  file=sys.stderr)
             return 1
         draw(*objects)
         return 0

@@ -10,23 +10,112 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib3
+import urllib3.connection
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.kube_config import KubeConfigLoader
 
 from nodeagent.config import Kubernetes, safe_yaml
-from nodeagent.fsutil import CONFIG_MAX, read_text_bounded
+from nodeagent.fsutil import CONFIG_MAX, parse_json_state, read_text_bounded
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
+REQUEST_DEADLINE = 15.0  # a whole request, headers and body: a trickling server cannot hold it
 
 
-def api_client(cfg: Kubernetes) -> k8s.ApiClient:
+class DeadlineExceeded(TimeoutError):
+    pass
+
+
+# urllib3's read timeout bounds each recv, not a reply: a server sending a byte every two
+# seconds would hold a request forever. Every connection the client uses says which
+# request it serves (public HTTPConnection.request), so a timer can shut its socket down
+# when the request's total deadline passes.
+_serving = threading.local()
+
+
+class _Holder:
+    __slots__ = ("conn",)
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+
+
+class _Tracked:
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        holder = getattr(_serving, "holder", None)
+        if holder is not None:
+            holder.conn = self
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+
+class _TrackedHTTP(_Tracked, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _TrackedHTTPS(_Tracked, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _TrackedHTTP
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _TrackedHTTPS
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Bounds every request made by this thread inside the block to `seconds` in all:
+    past it the connection's socket is shut down and DeadlineExceeded raised."""
+    holder = _Holder()
+    fired = threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        sock = getattr(holder.conn, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    _serving.holder = holder
+    timer.start()
+    try:
+        yield
+    except Exception as exc:
+        if fired.is_set():
+            raise DeadlineExceeded(f"no complete reply within {seconds:g}s") from exc
+        raise
+    finally:
+        timer.cancel()
+        _serving.holder = None
+    if fired.is_set():  # the reply completed just as the timer fired: still too late
+        raise DeadlineExceeded(f"no complete reply within {seconds:g}s")
+
+
+class ApiClient(k8s.ApiClient):
+    """The kubernetes client, its connections tracked for request deadlines."""
+
+    request_deadline = REQUEST_DEADLINE
+
+    def __init__(self, conf: k8s.Configuration, request_deadline: float) -> None:
+        super().__init__(conf)
+        self.request_deadline = request_deadline
+        self.rest_client.pool_manager.pool_classes_by_scheme = {
+            "http": _HTTPPool, "https": _HTTPSPool}
+
+
+def api_client(cfg: Kubernetes, request_deadline: float = REQUEST_DEADLINE) -> ApiClient:
     """An ApiClient from the configured kubeconfig, else in-cluster, else $KUBECONFIG."""
     conf = k8s.Configuration()
     if cfg.kubeconfig:
@@ -45,7 +134,7 @@ def api_client(cfg: Kubernetes) -> k8s.ApiClient:
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=conf)
     conf.retries = False  # callers retry themselves, with the newest state
-    return k8s.ApiClient(conf)
+    return ApiClient(conf, request_deadline)
 
 
 @dataclass
@@ -76,10 +165,12 @@ def call(
     _, url, headers, data, post = api.param_serialize(
         method=method, resource_path=path, query_params=query, header_params=headers,
         body=body, auth_settings=["BearerToken"])
+    seconds = getattr(api, "request_deadline", REQUEST_DEADLINE)
     try:
-        resp = api.call_api(method, url, header_params=headers, body=data, post_params=post,
-                            _request_timeout=TIMEOUT)
-        resp.read()
+        with deadline(seconds):
+            resp = api.call_api(method, url, header_params=headers, body=data,
+                                post_params=post, _request_timeout=TIMEOUT)
+            resp.read()
     except Exception:
         counters.errors += 1  # refused, timed out, TLS
         raise
@@ -88,7 +179,12 @@ def call(
         if resp.status == 409:
             counters.conflicts += 1
         raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
-    result: dict[str, Any] = json.loads(resp.data or b"{}")
+    try:
+        result = parse_json_state((resp.data or b"{}").decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise ValueError(f"{method} {path}: reply is not JSON: {exc}") from None
+    if not isinstance(result, dict):
+        raise ValueError(f"{method} {path}: reply is not a JSON object")
     return result
 
 

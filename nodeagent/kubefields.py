@@ -8,11 +8,11 @@ from typing import Any
 
 def timestamp(text: str | None) -> float | None:
     """An RFC 3339 time (metav1.Time or MicroTime) as Unix seconds; None if absent or bad."""
-    if not text:
+    if not text or not isinstance(text, str):
         return None
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         return None
 
 

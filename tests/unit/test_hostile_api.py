@@ -1,0 +1,167 @@
+"""Other programs' replies: a trickling server, malformed API objects, escape sequences.
+
+The servers here are plain sockets on loopback playing a broken or hostile API server (the
+real apiserver's behaviour is tested in tests/kube); what is tested is that nodeagent's own
+reading of a reply is bounded in time and shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodeagent.fleet import fleet_rows, render_table
+
+
+def kubeconfig(tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+@contextlib.contextmanager
+def trickling_server(head: bool) -> Iterator[int]:
+    """Answers every connection one byte every 0.5 s, forever: in the headers (head=True)
+    or in the body after complete headers."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    stop = threading.Event()
+    reply = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" if head else
+             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000"
+             b"\r\n\r\n")
+
+    def serve(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            conn.recv(65536)
+            if not head:
+                conn.sendall(reply)
+            i = 0
+            while not stop.is_set():
+                conn.sendall(reply[i % len(reply):][:1] if head else b" ")
+                i += 1
+                time.sleep(0.5)
+
+    def accept() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = srv.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        srv.close()
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["headers", "body"])
+def test_a_trickling_server_cannot_hold_a_request(tmp_path: Path, head: bool) -> None:
+    from nodeagent.config import Kubernetes
+    from nodeagent.kubeapi import Counters, DeadlineExceeded, api_client, call
+
+    with trickling_server(head) as port:
+        api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, port)), 1.5)
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match=r"no complete reply within 1.5s"):
+            call(api, Counters(), "GET", "/api/v1/nodes/n")  # what the publisher does
+        assert time.monotonic() - started < 10  # a hang guard, not a performance figure
+
+
+def test_fleet_gives_up_on_a_trickling_server_in_one_line(tmp_path: Path) -> None:
+    with trickling_server(head=False) as port:
+        proc = subprocess.run(
+            [sys.executable, "-m", "nodeagent", "fleet", "--kubeconfig",
+             str(kubeconfig(tmp_path, port)), "--request-timeout", "1s"],
+            capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "fleet: cannot list nodes and leases: no complete reply within 1s"], proc.stderr
+
+
+class _Canned(BaseHTTPRequestHandler):
+    bodies: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        body = next((b for k, b in self.bodies.items() if self.path.startswith(k)), b"{}")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("nodes, expect_code", [
+    (b'{"items": "abc"}', 1),
+    (b'{"items": [{"metadata": null, "status": {"conditions": "x"}}]}', 0),
+    (b'{"items": [{"metadata": {"name": 5}, "spec": {"taints": [null, 3]}}]}', 0),
+    (b"[" * 100_000 + b"]" * 100_000, 1),
+    (b"\xff\xfe not json", 1),
+    (b"[1, 2]", 1),
+], ids=["items-string", "metadata-null", "wrong-types", "deep", "binary", "not-object"])
+def test_fleet_on_malformed_objects(tmp_path: Path, nodes: bytes, expect_code: int) -> None:
+    handler = type("H", (_Canned,), {"bodies": {
+        "/api/v1/nodes": nodes,
+        "/apis/coordination.k8s.io": b'{"items": [{"metadata": {"name": "nodeagent-x"},'
+                                     b' "spec": {"renewTime": 12}}]}'}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "nodeagent", "fleet", "--kubeconfig",
+             str(kubeconfig(tmp_path, server.server_address[1]))],
+            capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert proc.returncode == expect_code, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) <= 1, proc.stderr
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()
+    | st.text(max_size=12) | st.just("\x1b[2J\x1b]0;owned\x07"),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["metadata", "name", "status", "conditions", "type", "reason",
+                         "spec", "taints", "key", "value", "capacity", "allocatable",
+                         "renewTime", "lastTransitionTime", "FabricReady", "x"]),
+        inner, max_size=5),
+    max_leaves=25)
+
+
+@given(st.lists(_json, max_size=4), st.lists(_json, max_size=3))
+def test_generated_api_objects_render_without_escapes(nodes: list[Any],
+                                                      leases: list[Any]) -> None:
+    rows = fleet_rows(nodes, leases, "rdma/x", "nodeagent.io/fabric-unready", time.time(),
+                      120.0, 1800.0)
+    for wide in (False, True):
+        text = render_table(rows, time.time(), wide=wide)
+        assert "\x1b" not in text and "\x07" not in text
+
+
+def test_escape_sequences_in_a_node_name_are_shown_not_sent() -> None:
+    node = {"metadata": {"name": "evil\x1b[2Jnode"}, "status": {"conditions": [
+        {"type": "FabricReady", "status": "False", "reason": "X\x1b]0;t\x07"}]}}
+    text = render_table(fleet_rows([node], [], "r", "k", 0.0, 1.0, 1.0), 0.0)
+    assert "evil\\x1b[2Jnode" in text and "X\\x1b]0;t\\x07" in text
