@@ -284,13 +284,13 @@ class Agent:
             if obs.link is not None and name in self.flaps:
                 self.flaps[name].observe(now, obs.link)
         _, overrides = self.overrides()  # the guard and flap verdicts after this pass
-        report = self.evaluator.judge(repairs, overrides)
+        report = self.evaluator.judge(repairs, overrides, full=rails is None)
         repinned = self.evaluator.repin(skip_repair=paused)
         if repinned.done or repinned.errors:  # judged again in this same pass
             # our own doing, not a fight with another manager: kept out of the repair guard
             self._count_repairs(now, repinned, guard=False)
             repairs.merge(repinned)
-            report = self.evaluator.judge(repairs, overrides)
+            report = self.evaluator.judge(repairs, overrides, full=rails is None)
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
         if self.metrics is not None:

@@ -221,11 +221,14 @@ class Evaluator:
         self,
         repairs: Repairs | None = None,
         overrides: Mapping[str, tuple[str, str]] | None = None,
+        full: bool = True,
     ) -> Report:
         """Findings for every rail from the latest observations.
 
         `overrides` carries the daemon's time-based verdicts (LinkFlapping,
-        ManagedElsewhere) into RoCENetworkReady.
+        ManagedElsewhere) into RoCENetworkReady. Unless `full`, only the GID tables of the
+        devices the rails were last seen on are read (a device no rail uses cannot cost an
+        event-driven pass anything, not even a stuck read).
         """
         repairs = repairs or Repairs()
         drift = {
@@ -233,21 +236,35 @@ class Evaluator:
             for n, obs in self.observations.items()
             if n in self.rails
         }
-        report = self._report(drift, overrides, list(repairs.errors))
+        report = self._report(drift, overrides, list(repairs.errors),
+                              None if full else self._rail_devices())
         report.actions = repairs.texts()
         return report
+
+    def _rail_devices(self) -> list[str] | None:
+        """The RDMA devices the rails use (configured, else where their GIDs were last
+        seen); None while a rail's device is not known: then every device is read."""
+        devices = set()
+        for rail in self.cfg.rails:
+            entries = rail_entries(rail, self.gid_table)
+            device = rail.rdma_device or (entries[0].device if entries else None)
+            if device is None:
+                return None
+            devices.add(device)
+        return sorted(devices)
 
     def _report(
         self,
         drift: Mapping[str, list[Drift]],
         overrides: Mapping[str, tuple[str, str]] | None,
         errors: list[str],
+        devices: list[str] | None = None,
     ) -> Report:
         cfg = self.cfg
         net = network_finding(cfg, drift, overrides)
         started = time.perf_counter()
         self.gid_table = (
-            read_gid_table(cfg.gid_source, cfg.paths.sysfs, reads=self.reads)
+            read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
             if cfg.rails
             else (GidTable(source="none"))
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import gid_text, make_gid_tree, roce_entries
@@ -319,3 +320,30 @@ def test_rdma_device_filter() -> None:
 def test_no_rails_is_not_configured() -> None:
     verdict = gid_finding(parse_config({}), GidTable(source="none"), {})
     assert (verdict.finding.status, verdict.finding.reason) == ("True", "NotConfigured")
+
+
+def test_event_passes_read_only_the_rails_devices(tmp_path: Path, monkeypatch: Any) -> None:
+    """A device no rail uses is read at full passes (to find rails that moved), never in
+    the event-driven ones: its stuck driver cannot cost them anything."""
+    import nodeagent.evaluate as evaluate
+
+    sysfs = tmp_path / "sys"
+    make_gid_tree(sysfs, "mlx5_0", roce_entries("r0", "10.10.0.5"))
+    make_gid_tree(sysfs, "mlx5_9", roce_entries("other", "10.99.0.5"))
+    cfg = parse_config({"paths": {"sysfs": str(sysfs)}, "gid_source": "sysfs",
+                        "state_dir": str(tmp_path / "state"),
+                        "rails": [{"name": "rail0", "interface": "r0",
+                                   "address": "10.10.0.5/24"}]})
+    seen: list[list[str] | None] = []
+    real = evaluate.read_gid_table
+
+    def spy(source: Any, root: Any, devices: Any = None, reads: Any = None) -> Any:
+        seen.append(None if devices is None else list(devices))
+        return real(source, root, devices, reads=reads)
+
+    monkeypatch.setattr(evaluate, "read_gid_table", spy)
+    ev = evaluate.Evaluator(cfg, ipr=None, persist_pins=False)
+    ev.judge(full=False)  # the rail's device is not known yet: everything is read
+    ev.judge(full=False)
+    ev.judge(full=True)
+    assert seen == [None, ["mlx5_0"], None]
