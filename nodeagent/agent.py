@@ -35,6 +35,7 @@ from nodeagent.evaluate import Evaluator, Repairs, Report
 from nodeagent.fsutil import descriptor_faults
 from nodeagent.lustre import LustreMonitor
 from nodeagent.model import FABRIC_READY
+from nodeagent.probes.gidwatch import GidSlotWatcher
 from nodeagent.probes.netlink import link_from_msg
 from nodeagent.publish.metrics import AgentMetrics, serve
 from nodeagent.publish.node import rfc3339
@@ -52,6 +53,7 @@ GROUPS = (
 @dataclass(frozen=True)
 class Work:
     kind: str  # "event" | "resync" | "reload" | "stop" | "status" (rewrite status file)
+    #   | "gid" (a watched slot changed) | "lustre" | "deviceplugin" (new observations)
     msg: Any = None
 
 
@@ -63,8 +65,17 @@ class NetlinkMonitor(threading.Thread):
         self.out = out
         self.rcvbuf = rcvbuf
         self.ready = threading.Event()
+        # One queued resync serves any number of overflows: a storm of ENOBUFS (tens of
+        # thousands a second while the kernel floods the socket) must not flood the loop.
+        self.resync_pending = threading.Event()
+
+    def _resync(self) -> None:
+        if not self.resync_pending.is_set():
+            self.resync_pending.set()
+            self.out.put(Work("resync"))
 
     def run(self) -> None:
+        self._overflows, self._last_log = 0, 0.0
         while True:
             try:
                 with IPRoute(rcvbuf=self.rcvbuf) as ipr:
@@ -73,25 +84,27 @@ class NetlinkMonitor(threading.Thread):
                     self._pump(ipr)
             except Exception as exc:  # a broken socket: reopen, and resync what we missed
                 log.error("netlink monitor failed (%s); reopening", exc)
-                self.out.put(Work("resync"))
+                self._resync()
                 time.sleep(1.0)
 
     def _pump(self, ipr: Any) -> None:
-        overflows, last_log = 0, 0.0
+        """Forwards events until the socket overflows; then returns so run() opens a fresh
+        one. (Read on after ENOBUFS, pyroute2's socket kept raising it, tens of thousands
+        of times a second, and later events came late or not at all: measured with 2,000
+        addresses added at once.)"""
         while True:
             try:
                 msgs = ipr.get()
             except OSError as exc:
                 if exc.errno == errno.ENOBUFS:
                     # The kernel dropped events: we no longer know what changed.
-                    self.out.put(Work("resync"))
-                    overflows += 1
-                    if time.monotonic() - last_log >= 1.0:  # a storm logs once a second
-                        log.warning(
-                            "netlink receive buffer overflowed (%d times); full resync", overflows
-                        )
-                        overflows, last_log = 0, time.monotonic()
-                    continue
+                    self._resync()
+                    self._overflows += 1
+                    if time.monotonic() - self._last_log >= 1.0:  # a storm logs once a second
+                        log.warning("netlink receive buffer overflowed (%d times); full resync",
+                                    self._overflows)
+                        self._overflows, self._last_log = 0, time.monotonic()
+                    return
                 raise
             for msg in msgs:
                 self.out.put(Work("event", msg))
@@ -132,6 +145,7 @@ class Agent:
         self.repair_counts: dict[str, dict[str, int]] = {}  # rail -> action kind -> count
         self.evaluator: Evaluator  # made in run(), once the netlink socket is open
         self.reload_error: str | None = None  # why the last SIGHUP kept the old config
+        self.gid_watcher: GidSlotWatcher | None = None
         self._configure(cfg)
 
     # ------------------------------------------------------------ configuration
@@ -222,6 +236,10 @@ class Agent:
             src = msg.get("src")
             if src in self.by_ip:
                 hit.add(self.by_ip[src])
+        if "ADDR" in event and hit and self.gid_watcher is not None:
+            # The kernel's GID work follows an address change asynchronously: look at the
+            # slots closely until the table has settled.
+            self.gid_watcher.settle()
         return hit
 
     # ------------------------------------------------------------ passes
@@ -268,6 +286,8 @@ class Agent:
             report.errors.append("agent fault: out of file descriptors (EMFILE); the "
                                  "conditions are those of the last complete pass")
         self.last_report = report
+        if self.gid_watcher is not None:
+            self.gid_watcher.watch(self.evaluator.watched_slots())
         if self.publisher is not None:
             self.publisher.submit(report)  # never waits for the API server
         self._publish(report)
@@ -427,6 +447,10 @@ class Agent:
             self.evaluator.clock = self.clock
             self._start_lustre()  # after the evaluator exists: they deliver to it
             self._start_plugin_monitor()
+            if self.cfg.rails:
+                self.gid_watcher = GidSlotWatcher(
+                    self.cfg.paths.sysfs, lambda: self.work.put(Work("gid")))
+                self.gid_watcher.start()
             first = self.run_pass(None)
             log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
             # Ordering on this unit means the fabric has been checked once.
@@ -459,6 +483,7 @@ class Agent:
                         full = True
                     elif item.kind == "resync":
                         full = True
+                        monitor.resync_pending.clear()  # later overflows queue a new one
                     elif item.kind == "event":
                         rails |= self.rails_for(item.msg)
                     elif item.kind == "status":
@@ -467,6 +492,8 @@ class Agent:
                         obs, seen = item.msg
                         self.evaluator.device_plugin = obs
                         self.evaluator.plugin_seen_ready = seen
+                        judge_only = True
+                    elif item.kind == "gid":  # a watched GID slot changed, no event said so
                         judge_only = True
                     elif item.kind == "lustre":
                         self.evaluator.lustre, remounted = item.msg
@@ -494,6 +521,8 @@ class Agent:
                 self._publish(self.last_report, state="stopped")
         if self.publisher is not None:
             self.publisher.stop()
+        if self.gid_watcher is not None:
+            self.gid_watcher.stop()
         if self.lustre_monitor is not None:
             self.lustre_monitor.stop()
         if self.plugin_monitor is not None:
