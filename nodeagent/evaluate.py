@@ -29,6 +29,7 @@ from nodeagent.model import (
     Drift,
     Finding,
     GidTable,
+    Pin,
     QueuePairs,
     RailCounters,
     RailObservation,
@@ -240,6 +241,22 @@ class Evaluator:
                               None if full else self._rail_devices())
         report.actions = repairs.texts()
         return report
+
+    def watched_slots(self) -> set[tuple[str, int, int]]:
+        """The GID slots worth watching between passes: each rail's pinned index and the
+        index its IPv4 RoCE v2 GID was last seen at, on its device."""
+        slots = set()
+        for rail in self.cfg.rails:
+            found = ipv4_v2_entries(rail, self.gid_table)
+            pin = (self.pins.get(rail.name) if rail.gid_index is None
+                   else Pin(rail.gid_index, rail.rdma_device, rail.rdma_port))
+            device = found[0].device if found else (pin.device if pin else None)
+            port = found[0].port if found else (pin.port if pin else None)
+            if found:
+                slots.add((found[0].device, found[0].port, found[0].index))
+            if pin is not None and device is not None:
+                slots.add((pin.device or device, pin.port or port or 1, pin.index))
+        return slots
 
     def _rail_devices(self) -> list[str] | None:
         """The RDMA devices the rails use (configured, else where their GIDs were last

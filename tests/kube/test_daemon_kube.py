@@ -95,3 +95,44 @@ def test_daemon_reads_the_device_plugin_off_the_loop(
     code, out = stop_daemon(proc)
     assert code == 0, out
     bridge.close()
+
+
+def test_a_gid_moved_without_any_event_taints_the_node(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path,
+) -> None:
+    """The GID table changes in place, with no netlink traffic at all: the slot watcher sees
+    it (not the resync, set to an hour here), the condition turns and the taint follows."""
+    from helpers import make_gid_tree, roce_entries
+
+    node = fresh_node("node-c", [BOOT])
+    agent_config["node_name"] = node
+    agent_config["resync_interval"] = "1h"
+    agent_config["gid_repin"] = "never"
+    agent_config["kubernetes"] = {
+        "kubeconfig": str(apiserver.kubeconfig("agent-node-c", tmp_path / "kubeconfig")),
+        "clear_after": "1s"}
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    runtime = Path(agent_config["runtime_dir"])
+    rails_ns.ip("link", "set", "lo", "up")
+    bridge = LoopbackBridge(rails_ns.name, apiserver.port)
+    proc = rails_ns.start_daemon(cfg)
+    wait_for(lambda: our_taint(core, node) is None, timeout=30, what="healthy and untainted")
+    passes = read_status(runtime)["daemon"]["passes"]  # type: ignore[index]
+
+    make_gid_tree(Path(agent_config["paths"]["sysfs"]), "mlx5_1",
+                  roce_entries("r1", "10.11.0.5", ipv4_index=6))  # rail1: index 3 -> 7
+    wait_for(lambda: (our_taint(core, node) or {}).get("value") == "GIDIndexShifted",
+             timeout=10, what="the taint for a GID that moved with no event")
+    conds = {c["type"]: c for c in node_json(core, node)["status"]["conditions"]}
+    assert conds["RoCEGIDStable"]["reason"] == "GIDIndexShifted"
+    assert "index 7, pinned 3" in conds["RoCEGIDStable"]["message"]
+    status = read_status(runtime)
+    assert status is not None and status["daemon"]["passes"] > passes
+
+    make_gid_tree(Path(agent_config["paths"]["sysfs"]), "mlx5_1",
+                  roce_entries("r1", "10.11.0.5"))  # back on its pin
+    wait_for(lambda: our_taint(core, node) is None, timeout=10, what="lifted once back")
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    bridge.close()
