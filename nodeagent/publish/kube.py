@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,8 @@ class NodeWriter:
     node: str
     cfg: Kubernetes
     counters: Counters = field(default_factory=Counters)
+    # resourceVersions our own Node writes produced: a watch event carrying one is our echo
+    own_versions: deque[str] = field(default_factory=lambda: deque(maxlen=16))
     _lease_rv: str | None = None
     _tokens: float = 0.0
     _tokens_at: float = 0.0
@@ -66,10 +69,15 @@ class NodeWriter:
 
     # ------------------------------------------------------------ writes
 
+    def _remember(self, node: dict[str, Any]) -> None:
+        rv = node.get("metadata", {}).get("resourceVersion")
+        if isinstance(rv, str):
+            self.own_versions.append(rv)
+
     def patch_conditions(self, conditions: list[dict[str, Any]]) -> None:
         """Strategic merge on nodes/status: conditions merge by type, others untouched."""
-        self._call("PATCH", f"/api/v1/nodes/{self.node}/status",
-                   {"status": {"conditions": conditions}}, STRATEGIC)
+        self._remember(self._call("PATCH", f"/api/v1/nodes/{self.node}/status",
+                                  {"status": {"conditions": conditions}}, STRATEGIC))
 
     def sync_taint_and_cordon(
         self, taint_value: str | None, cordon: bool, reason: str,
@@ -119,7 +127,7 @@ class NodeWriter:
                 body["metadata"].update(cordon_change["metadata"])
                 cordoned = cordon_change.get("spec", {}).get("unschedulable")
                 changed.append("cordoned" if cordoned else "uncordoned")
-            self._call("PATCH", f"/api/v1/nodes/{self.node}", body, MERGE)
+            self._remember(self._call("PATCH", f"/api/v1/nodes/{self.node}", body, MERGE))
             return changed
 
         return attempt()

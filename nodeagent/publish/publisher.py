@@ -19,9 +19,19 @@ from typing import TYPE_CHECKING, Any
 from nodeagent.config import Kubernetes
 from nodeagent.evaluate import Report
 from nodeagent.model import FABRIC_READY, Finding
-from nodeagent.publish.node import TaintGate, condition_updates, taint_value
+from nodeagent.probes.hardware import FINGERPRINT_LABELS
+from nodeagent.publish.node import (
+    CORDON_ANNOTATION,
+    TaintGate,
+    condition_updates,
+    cordon_patch,
+    desired_taints,
+    label_patch,
+    taint_value,
+)
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
+    from nodeagent.probes.kube import WatchedCollection
     from nodeagent.publish.kube import NodeWriter
 
 log = logging.getLogger(__name__)
@@ -61,6 +71,8 @@ class Publisher(threading.Thread):
         self._applied: tuple[Any, ...] | None = None  # findings + taint last written
         self._next_lease = 0.0
         self._next_reconcile = 0.0
+        self.node_watch: WatchedCollection | None = None  # the agent's own Node, watched
+        self._node_dirty = False  # the watch saw a change not yet compared
 
     # ------------------------------------------------------------ API for the local loop
 
@@ -77,6 +89,12 @@ class Publisher(threading.Thread):
         self._halt.set()
         self._wake.set()
         self.join(timeout)
+        if self.node_watch is not None:
+            self.node_watch.stop()
+
+    def _node_changed(self) -> None:
+        self._node_dirty = True
+        self._wake.set()
 
     # ------------------------------------------------------------ the thread
 
@@ -124,19 +142,29 @@ class Publisher(threading.Thread):
             report = self._latest
         if self.writer is None:
             self.writer = self._factory()
+            self._watch_node(self.writer)
         writer = self.writer
         if report is not None:
             with self._lock:  # the newest report still holds now: the dwell may be over
                 before = self.gate.tainted
                 tainted = self.gate.feed(now, _fabric(report))
                 want = (tainted, self.gate.reason)
-            reconcile = now >= self._next_reconcile
+            watched = self._watched_node()
+            # Without a working watch, the Node is re-read every reconcile_interval.
+            reconcile = watched is None and now >= self._next_reconcile
             # The local loop resubmits an unchanged report every resync: that costs nothing
-            # here. A change, or the periodic reconcile, reads and writes the Node.
+            # here. A change, the periodic reconcile, or anyone's edit of the Node that
+            # leaves it off the verdict (seen by the watch) writes the Node.
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
                    want, tuple(sorted(report.labels.items())))
-            if reconcile or key != self._applied or tainted != before:
-                self._sync_node(report, tainted)
+            foreign = (self._node_dirty and watched is not None
+                       and self._drifted(watched, report, tainted))
+            self._node_dirty = False
+            if reconcile or foreign or key != self._applied or tainted != before:
+                if foreign:
+                    log.info("node %s: changed by another writer; putting back the agent's "
+                             "taint, cordon, conditions and labels", writer.node)
+                self._sync_node(report, tainted, watched)
                 self._applied = key
                 if reconcile:
                     self._next_reconcile = now + self.cfg.reconcile_interval
@@ -146,10 +174,53 @@ class Publisher(threading.Thread):
         self.state.synced = True
         self.state.last_error = None
 
-    def _sync_node(self, report: Report, tainted: bool) -> None:
+    def _watch_node(self, writer: NodeWriter) -> None:
+        """One watch of the agent's own Node (list, then watch from its resourceVersion,
+        bookmarks, a new list on 410): every change by anyone is compared with the verdict
+        at once, and steady state costs no request beyond the watch itself."""
+        from nodeagent.probes.kube import WatchedCollection
+
+        self.node_watch = WatchedCollection(
+            writer.api, writer.counters, "/api/v1/nodes",
+            [("fieldSelector", f"metadata.name={writer.node}")], self._node_changed)
+        self.node_watch.start()
+
+    def _watched_node(self) -> dict[str, Any] | None:
+        """The Node as the watch has it now; None while the watch is not synced or failing
+        (then the publisher reads the Node itself)."""
+        watch = self.node_watch
+        if watch is None or not watch.synced.is_set():
+            return None
+        items, error = watch.snapshot()
+        return items[0] if items and not error else None
+
+    def _drifted(self, node: dict[str, Any], report: Report, tainted: bool) -> bool:
+        """Whether the Node says something other than the agent's verdict: its taint,
+        cordon, conditions or labels (never the echo of the agent's own write)."""
         writer = self.writer
         assert writer is not None
-        node = writer.read_node()
+        meta = node.get("metadata") or {}
+        if meta.get("resourceVersion") in writer.own_versions:
+            return False
+        spec, status = node.get("spec") or {}, node.get("status") or {}
+        value = taint_value(self.gate.reason) if tainted else None
+        if desired_taints(spec.get("taints") or [], self.cfg.taint.key, self.cfg.taint.effect,
+                          value) is not None:
+            return True
+        annotations = meta.get("annotations") or {}
+        if (self.cfg.cordon or CORDON_ANNOTATION in annotations) and cordon_patch(
+                bool(spec.get("unschedulable")), annotations, self.cfg.cordon and tainted,
+                self.gate.reason) is not None:
+            return True
+        if condition_updates(status.get("conditions") or [], report.findings, time.time()):
+            return True
+        return bool(label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, report.labels))
+
+    def _sync_node(self, report: Report, tainted: bool,
+                   node: dict[str, Any] | None = None) -> None:
+        writer = self.writer
+        assert writer is not None
+        node = node if node is not None else writer.read_node()
         uid = node.get("metadata", {}).get("uid")
         existing = node.get("status", {}).get("conditions") or []
         if not self._published:  # a restart: what the Node already says is not news

@@ -3,6 +3,7 @@ conflicts, races, restarts, and what the admission policy lets an agent do."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -424,3 +425,108 @@ def test_hardware_fingerprint_labels_follow_the_hardware(
     # the Event follows the label patch: wait for it rather than race it
     wait_for(lambda: any(e.reason == "HardwareFingerprint" and "28.40.1000" in e.message
                          for e in events(core, node)), what="the HardwareFingerprint Event")
+
+
+def plain_update(core: k8s.CoreV1Api, node: str,
+                 change: Callable[[dict[str, Any]], None]) -> None:
+    """What `kubectl taint` or an admin's script does without care: read, change, write back
+    with no resourceVersion precondition (last writer wins)."""
+    n = node_json(core, node)
+    change(n)
+    body = {"spec": {k: n["spec"].get(k) for k in ("taints", "unschedulable")},
+            "metadata": {"annotations": n["metadata"].get("annotations")}}
+    core.patch_node(node, body, _content_type=MERGE)
+
+
+@pytest.mark.parametrize("cordon", [False, True], ids=["taint", "taint+cordon"])
+def test_foreign_writes_to_our_taint_are_undone_in_both_directions(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher], cordon: bool,
+) -> None:
+    """The agent's own Node is watched: someone re-adding the agent's taint to a healthy
+    node, or removing it from a failing one, is corrected at once (not at the next
+    reconcile_interval, 10 min), while another writer toggles its own taint throughout and
+    keeps every one of its changes."""
+    node = fresh_node("node-a", [FOREIGN_1])
+    pub = publisher(node, clear_after=0.0, cordon=cordon, reconcile_interval="1h")
+    admin = k8s.CoreV1Api(apiserver.client("admin"))
+    pub.submit(report(node))
+    wait_for(lambda: pub.state.synced and our_taint(core, node) is None, what="healthy")
+
+    stop = threading.Event()
+
+    def toggler() -> None:  # an unrelated writer, with resourceVersion preconditions
+        i = 0
+        while not stop.is_set():
+            i += 1
+            n = node_json(admin, node)
+            ts = [t for t in n["spec"].get("taints") or [] if t["key"] != "other.io/toggle"]
+            if i % 2:
+                ts.append({"key": "other.io/toggle", "effect": "NoSchedule"})
+            with contextlib.suppress(ApiException):
+                admin.patch_node(node, {"metadata": {"resourceVersion":
+                                                     n["metadata"]["resourceVersion"]},
+                                        "spec": {"taints": ts}}, _content_type=MERGE)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=toggler)
+    thread.start()
+    try:
+        for _ in range(3):
+            # Healthy node: an admin puts the agent's taint (and cordon) back.
+            def add(n: dict[str, Any]) -> None:
+                n["spec"]["taints"] = [*(n["spec"].get("taints") or []),
+                                       {"key": KEY, "value": "Manual", "effect": "NoSchedule"}]
+                if cordon:
+                    n["spec"]["unschedulable"] = True
+                    n["metadata"]["annotations"] = {
+                        **(n["metadata"].get("annotations") or {}),
+                        "nodeagent.io/cordoned": "Manual"}
+            plain_update(admin, node, add)
+            wait_for(lambda: our_taint(core, node) is None
+                     and not node_json(core, node)["spec"].get("unschedulable"),
+                     timeout=5, what="the foreign taint on a healthy node lifted")
+
+        pub.submit(report(node, failing="RuleMissing"))
+        wait_for(lambda: (our_taint(core, node) or {}).get("value") == "RuleMissing",
+                 what="tainted for the fault")
+        for _ in range(3):
+            # Failing node: someone removes the agent's taint (and cordon).
+            def remove(n: dict[str, Any]) -> None:
+                n["spec"]["taints"] = [t for t in n["spec"].get("taints") or []
+                                       if t["key"] != KEY]
+                if cordon:
+                    n["spec"]["unschedulable"] = False
+            plain_update(admin, node, remove)
+            wait_for(lambda: (our_taint(core, node) or {}).get("value") == "RuleMissing"
+                     and (not cordon or node_json(core, node)["spec"].get("unschedulable")),
+                     timeout=5, what="the agent's taint put back on a failing node")
+    finally:
+        stop.set()
+        thread.join()
+    assert FOREIGN_1["key"] in [t["key"] for t in taints(core, node)]
+    assert pub.state.tainted is True
+
+
+def test_a_foreign_condition_edit_is_put_back(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    node = fresh_node("node-a")
+    pub = publisher(node, clear_after=0.0, reconcile_interval="1h")
+    pub.submit(report(node))
+    wait_for(lambda: conditions(core, node).get("FabricReady", {}).get("status") == "True",
+             what="published")
+    admin = k8s.CoreV1Api(apiserver.client("admin"))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    admin.patch_node_status(node, {"status": {"conditions": [{
+        "type": "FabricReady", "status": "False", "reason": "Forged", "message": "x",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        _content_type="application/strategic-merge-patch+json")
+    wait_for(lambda: conditions(core, node)["FabricReady"]["reason"] == "AllConditionsPassed",
+             timeout=5, what="the agent's condition put back")
+    assert pub.writer is not None
+    requests = pub.writer.counters.requests
+    time.sleep(3.0)  # steady state: nothing but the watch (and Lease renewals)
+    leases = 3 / 1.0 + 1
+    assert pub.writer.counters.requests - requests <= leases, pub.writer.counters
