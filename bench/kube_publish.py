@@ -139,6 +139,52 @@ def cmd_latency(args: argparse.Namespace) -> None:
         server.stop()
 
 
+def cmd_foreign(args: argparse.Namespace) -> None:
+    """Another writer puts the agent's taint back on a healthy node, or removes it from a
+    failing one, with a plain update (no resourceVersion): time from that write to the
+    watching client seeing the agent's correction."""
+    server = start_server(["node-a"])
+    try:
+        watcher = TaintWatcher(server)
+        watcher.start()
+        watcher.ready.wait()
+        admin = k8s.CoreV1Api(server.client("admin"))
+        conf = Kubernetes(clear_after=0, lease_period=60, event_rate=1000, event_burst=1000)
+        pub = publisher(server, "node-a", conf)
+
+        def plain(add: bool) -> float:
+            started = time.monotonic()  # the correction can be seen before the reply
+            node = admin.read_node("node-a")
+            taints = [{"key": t.key, "value": t.value, "effect": t.effect}
+                      for t in node.spec.taints or [] if t.key != KEY]
+            if add:
+                taints.append({"key": KEY, "value": "Manual", "effect": "NoSchedule"})
+            admin.patch_node("node-a", {"spec": {"taints": taints}})
+            return started
+
+        pub.submit(report("node-a", None))
+        watcher.wait("node-a", False, 0)
+        time.sleep(1.0)
+        lifted, restored = [], []
+        for _ in range(args.count):
+            t0 = plain(add=True)
+            lifted.append(1000 * (watcher.wait("node-a", False, t0) - t0))
+        pub.submit(report("node-a", "RuleMissing"))
+        watcher.wait("node-a", True, 0)
+        time.sleep(1.0)
+        for _ in range(args.count):
+            t0 = plain(add=False)
+            restored.append(1000 * (watcher.wait("node-a", True, t0) - t0))
+        assert pub.writer is not None
+        print(f"{args.count} foreign writes each way, one node (requests so far "
+              f"{pub.writer.counters.requests})")
+        print(summary("taint re-added -> lifted", lifted))
+        print(summary("taint removed -> restored", restored))
+        pub.stop()
+    finally:
+        server.stop()
+
+
 def cmd_steady(args: argparse.Namespace) -> None:
     server = start_server(["node-a"])
     try:
@@ -235,6 +281,8 @@ def main() -> None:
     lat = sub.add_parser("latency")
     lat.add_argument("--faults", type=int, default=100)
     lat.add_argument("--clear-after", type=float, default=2.0)
+    fo = sub.add_parser("foreign")
+    fo.add_argument("--count", type=int, default=100)
     st = sub.add_parser("steady")
     st.add_argument("--minutes", type=float, default=10.0)
     fl = sub.add_parser("fleet")
@@ -243,7 +291,8 @@ def main() -> None:
     fl.add_argument("--seconds", type=float, default=60.0)
     fl.add_argument("--workers", type=int, default=32)
     args = ap.parse_args()
-    commands: dict[str, Any] = {"latency": cmd_latency, "steady": cmd_steady, "fleet": cmd_fleet}
+    commands: dict[str, Any] = {"latency": cmd_latency, "foreign": cmd_foreign,
+                                "steady": cmd_steady, "fleet": cmd_fleet}
     commands[args.cmd](args)
 
 

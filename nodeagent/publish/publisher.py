@@ -149,6 +149,9 @@ class Publisher(threading.Thread):
                 before = self.gate.tainted
                 tainted = self.gate.feed(now, _fabric(report))
                 want = (tainted, self.gate.reason)
+            # Cleared before the snapshot is taken: a change the watch brings in meanwhile
+            # sets it again and wakes the next round, never lost.
+            dirty, self._node_dirty = self._node_dirty, False
             watched = self._watched_node()
             # Without a working watch, the Node is re-read every reconcile_interval.
             reconcile = watched is None and now >= self._next_reconcile
@@ -157,9 +160,7 @@ class Publisher(threading.Thread):
             # leaves it off the verdict (seen by the watch) writes the Node.
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
                    want, tuple(sorted(report.labels.items())))
-            foreign = (self._node_dirty and watched is not None
-                       and self._drifted(watched, report, tainted))
-            self._node_dirty = False
+            foreign = dirty and watched is not None and self._drifted(watched, report, tainted)
             if reconcile or foreign or key != self._applied or tainted != before:
                 if foreign:
                     log.info("node %s: changed by another writer; putting back the agent's "
