@@ -45,6 +45,7 @@ from nodeagent.systemd import CONDITION, REASON, Notifier
 
 log = logging.getLogger(__name__)
 
+RELOAD_SLOW = 5.0  # a SIGHUP reload still reading the config after this is reported
 GROUPS = (
     RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV4_RULE
 )
@@ -52,7 +53,8 @@ GROUPS = (
 
 @dataclass(frozen=True)
 class Work:
-    kind: str  # "event" | "resync" | "reload" | "stop" | "status" (rewrite status file)
+    kind: str  # "event" | "resync" | "reload" (SIGHUP) | "reloaded" (config read, or why not)
+    #   | "stop" | "status" (rewrite status file)
     #   | "gid" (a watched slot changed) | "lustre" | "deviceplugin" (new observations)
     msg: Any = None
 
@@ -146,6 +148,8 @@ class Agent:
         self.evaluator: Evaluator  # made in run(), once the netlink socket is open
         self.reload_error: str | None = None  # why the last SIGHUP kept the old config
         self.gid_watcher: GidSlotWatcher | None = None
+        self._loader: threading.Thread | None = None  # a SIGHUP reload reading the config
+        self._loader_started = 0.0
         self._configure(cfg)
 
     # ------------------------------------------------------------ configuration
@@ -181,28 +185,51 @@ class Agent:
             self.plugin_monitor.cfg = cfg
             self.plugin_monitor.wake()  # new settings take effect now, not next interval
 
-    def reload(self) -> None:
-        """SIGHUP: a config that cannot be loaded, validated or applied never stops the
-        daemon; it keeps the running config, logs why and says so in the status file."""
+    def start_reload(self) -> None:
+        """SIGHUP: the config is read and validated on a thread of its own (a config on a
+        filesystem that does not answer must not stop the repairs); the loop applies the
+        result when it comes (`reloaded`)."""
+        loader = self._loader
+        if loader is not None and loader.is_alive():
+            self.reload_error = (f"a reload has been reading the config for "
+                                 f"{time.monotonic() - self._loader_started:.0f}s")
+            log.error("reload ignored: %s", self.reload_error)
+            return
+
+        def load() -> None:
+            try:
+                self.work.put(Work("reloaded", (self._reload(), None)))
+            except Exception as exc:  # handed to the loop: a failed reload is never a crash
+                self.work.put(Work("reloaded", (None, exc)))
+
+        self._loader_started = time.monotonic()
+        self._loader = threading.Thread(target=load, name="config-reload", daemon=True)
+        self._loader.start()
+        # Still reading then: the status file says so without waiting for a pass.
+        check = threading.Timer(RELOAD_SLOW + 0.1, lambda: self.work.put(Work("status")))
+        check.daemon = True
+        check.start()
+
+    def apply_reload(self, cfg: Config | None, exc: BaseException | None) -> None:
+        """A config that cannot be loaded, validated or applied never stops the daemon; it
+        keeps the running config, logs why and says so in the status file."""
         previous = self.cfg
-        try:
-            cfg = self._reload()
-        except ConfigError as exc:
+        if isinstance(exc, ConfigError):
             for line in exc.problems:
                 log.error("reload rejected, keeping the last good config: %s", line)
             self.reload_error = "; ".join(exc.problems)[:1000]
             return
-        except Exception as exc:  # anything else the loader meets: still not a crash
+        if exc is not None or cfg is None:  # anything else the loader met: still no crash
             log.error("reload rejected, keeping the last good config: %s: %s",
                       type(exc).__name__, exc)
             self.reload_error = f"{type(exc).__name__}: {exc}"[:1000]
             return
         try:
             self._configure(cfg)
-        except Exception as exc:
+        except Exception as err:
             log.error("reload could not be applied, keeping the last good config: %s: %s",
-                      type(exc).__name__, exc)
-            self.reload_error = f"cannot apply: {type(exc).__name__}: {exc}"[:1000]
+                      type(err).__name__, err)
+            self.reload_error = f"cannot apply: {type(err).__name__}: {err}"[:1000]
             self._configure(previous)
             return
         self.reload_error = None
@@ -351,6 +378,10 @@ class Agent:
         if lustre is not None:
             data["lustre"] = [{"mountpoint": mp, "probe_seconds": round(r.seconds, 6),
                                "hung": not r.done} for mp, r in lustre.statfs.items()]
+        reading = self._loader is not None and self._loader.is_alive()
+        if reading and time.monotonic() - self._loader_started > RELOAD_SLOW:
+            self.reload_error = (f"a reload has been reading the config for "
+                                 f"{time.monotonic() - self._loader_started:.0f}s")
         daemon = {
             "state": state,
             "reload_error": self.reload_error,
@@ -479,7 +510,10 @@ class Agent:
                     if item.kind == "stop":
                         self._stopping = True
                     elif item.kind == "reload":
-                        self.reload()
+                        self.start_reload()
+                        status_only = True  # a second SIGHUP while one reads says so
+                    elif item.kind == "reloaded":
+                        self.apply_reload(*item.msg)
                         full = True
                     elif item.kind == "resync":
                         full = True

@@ -45,9 +45,10 @@ class BlockingFS(fuse.Operations):  # type: ignore[misc]
     def readlink(self, path: str) -> str:
         return os.readlink(self._real(path))
 
-    def open(self, path: str, flags: int) -> int:
-        if flags & (os.O_WRONLY | os.O_RDWR):
+    def open(self, path: str, fi: Any) -> int:
+        if fi.flags & (os.O_WRONLY | os.O_RDWR):
             raise fuse.FuseOSError(errno.EROFS)
+        fi.direct_io = 1  # no page cache: every read reaches read() below, as sysfs reads do
         return 0
 
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
@@ -64,7 +65,7 @@ class BlockingFS(fuse.Operations):  # type: ignore[misc]
 def main() -> None:
     backing, mountpoint, hold, *blocking = sys.argv[1:]
     fuse.FUSE(BlockingFS(backing, hold, set(blocking)), mountpoint, foreground=True,
-              fsname="blockingfs", subtype="blockingfs", direct_io=True, ro=True)
+              fsname="blockingfs", subtype="blockingfs", ro=True, raw_fi=True)
 
 
 if __name__ == "__main__":

@@ -98,3 +98,52 @@ def test_a_blocking_gid_read_costs_its_own_fact_not_the_repairs(
              what="fabric ready once the driver answers")
     code, out = stop_daemon(proc)
     assert code == 0, out
+
+
+def test_a_reload_whose_config_read_blocks_never_stops_the_repairs(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """SIGHUP while the config sits on a filesystem that does not answer: the read waits on
+    its own thread; the loop goes on repairing and says so; released, the reload lands."""
+    backing = tmp_path / "etc"
+    backing.mkdir()
+    write_config(backing / "c.yaml", agent_config)
+    mnt = tmp_path / "fuse-etc"
+    mnt.mkdir()
+    hold = tmp_path / "hold-config"
+    log = open(tmp_path / "blockingfs-etc.log", "wb")  # noqa: SIM115 (the process owns it)
+    fs = subprocess.Popen([sys.executable, str(HERE / "blockingfs.py"), str(backing), str(mnt),
+                           str(hold), "c.yaml"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: mounted(mnt), what="blockingfs mounted")
+        run = Path(agent_config["runtime_dir"])
+        link = tmp_path / "c.yaml"  # the daemon's log goes beside it, not onto the FUSE fs
+        link.symlink_to(mnt / "c.yaml")
+        proc = rails_ns.start_daemon(link)
+        wait_for(lambda: (read_status(run) or {}).get("ok") is True, timeout=20,
+                 what="first healthy pass")
+        hold.touch()
+        agent_config["rails"][1]["mtu"] = 9000
+        write_config(backing / "c.yaml", agent_config)  # what the reload will find
+        proc.send_signal(__import__("signal").SIGHUP)
+        for _ in range(3):
+            rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+            wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], timeout=5,
+                     what="address restored while the reload's read is stuck")
+        data = wait_for(lambda: (d := read_status(run)) and "reading the config"
+                        in (d["daemon"].get("reload_error") or "") and d, timeout=15,
+                        what="the stuck reload reported")
+        assert data["ok"] is True
+        hold.unlink()
+        wait_for(lambda: rails_ns.link("r1")["mtu"] == 9000, timeout=10,
+                 what="the reload lands once the read returns")
+        wait_for(lambda: (read_status(run) or {}).get("daemon", {}).get("reload_error", 1)
+                 is None, what="the error cleared")
+        code, out = stop_daemon(proc)
+        assert code == 0, out
+    finally:
+        hold.unlink(missing_ok=True)
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        fs.terminate()
+        fs.wait(timeout=10)
+        log.close()
