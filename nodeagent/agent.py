@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.rtnl import (
@@ -30,18 +30,20 @@ from pyroute2.netlink.rtnl import (
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
-from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
 from nodeagent.evaluate import Evaluator, Repairs, Report
 from nodeagent.fsutil import descriptor_faults
 from nodeagent.lustre import LustreMonitor
 from nodeagent.model import FABRIC_READY
 from nodeagent.probes.gidwatch import GidSlotWatcher
 from nodeagent.probes.netlink import link_from_msg
-from nodeagent.publish.metrics import AgentMetrics, serve
 from nodeagent.publish.node import rfc3339
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
 from nodeagent.systemd import CONDITION, REASON, Notifier
+
+if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
+    from nodeagent.deviceplugin import DevicePluginMonitor
+    from nodeagent.publish.metrics import AgentMetrics
 
 log = logging.getLogger(__name__)
 
@@ -451,6 +453,8 @@ class Agent:
             self.work.put(Work("deviceplugin", (obs, seen)))
 
         cfg = self.cfg
+        from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
+
         self.plugin_monitor = DevicePluginMonitor(
             cfg, lambda wake: plugin_reader(cfg, on_change=wake), deliver)
         self.plugin_monitor.start()
@@ -458,6 +462,8 @@ class Agent:
     def _start_metrics(self) -> None:
         if self.cfg.metrics is None:
             return
+        from nodeagent.publish.metrics import AgentMetrics, serve
+
         self.metrics = AgentMetrics()
         try:
             self._metrics_server = serve(self.metrics, self.cfg.metrics.listen)
