@@ -10,14 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import urllib3
-import urllib3.connection
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -25,82 +22,10 @@ from kubernetes.config.kube_config import KubeConfigLoader
 
 from nodeagent.config import Kubernetes, safe_yaml
 from nodeagent.fsutil import CONFIG_MAX, parse_json_state, read_text_bounded
+from nodeagent.httpdeadline import TRACKED_POOLS, deadline
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
 REQUEST_DEADLINE = 15.0  # a whole request, headers and body: a trickling server cannot hold it
-
-
-class DeadlineExceeded(TimeoutError):
-    pass
-
-
-# urllib3's read timeout bounds each recv, not a reply: a server sending a byte every two
-# seconds would hold a request forever. Every connection the client uses says which
-# request it serves (public HTTPConnection.request), so a timer can shut its socket down
-# when the request's total deadline passes.
-_serving = threading.local()
-
-
-class _Holder:
-    __slots__ = ("conn",)
-
-    def __init__(self) -> None:
-        self.conn: Any = None
-
-
-class _Tracked:
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        holder = getattr(_serving, "holder", None)
-        if holder is not None:
-            holder.conn = self
-        super().request(*args, **kwargs)  # type: ignore[misc]
-
-
-class _TrackedHTTP(_Tracked, urllib3.connection.HTTPConnection):
-    pass
-
-
-class _TrackedHTTPS(_Tracked, urllib3.connection.HTTPSConnection):
-    pass
-
-
-class _HTTPPool(urllib3.HTTPConnectionPool):
-    ConnectionCls = _TrackedHTTP
-
-
-class _HTTPSPool(urllib3.HTTPSConnectionPool):
-    ConnectionCls = _TrackedHTTPS
-
-
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Bounds every request made by this thread inside the block to `seconds` in all:
-    past it the connection's socket is shut down and DeadlineExceeded raised."""
-    holder = _Holder()
-    fired = threading.Event()
-
-    def expire() -> None:
-        fired.set()
-        sock = getattr(holder.conn, "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    _serving.holder = holder
-    timer.start()
-    try:
-        yield
-    except Exception as exc:
-        if fired.is_set():
-            raise DeadlineExceeded(f"no complete reply within {seconds:g}s") from exc
-        raise
-    finally:
-        timer.cancel()
-        _serving.holder = None
-    if fired.is_set():  # the reply completed just as the timer fired: still too late
-        raise DeadlineExceeded(f"no complete reply within {seconds:g}s")
 
 
 class ApiClient(k8s.ApiClient):
@@ -111,8 +36,7 @@ class ApiClient(k8s.ApiClient):
     def __init__(self, conf: k8s.Configuration, request_deadline: float) -> None:
         super().__init__(conf)
         self.request_deadline = request_deadline
-        self.rest_client.pool_manager.pool_classes_by_scheme = {
-            "http": _HTTPPool, "https": _HTTPSPool}
+        self.rest_client.pool_manager.pool_classes_by_scheme = dict(TRACKED_POOLS)
 
 
 def api_client(cfg: Kubernetes, request_deadline: float = REQUEST_DEADLINE) -> ApiClient:

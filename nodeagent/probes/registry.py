@@ -28,6 +28,8 @@ from urllib.parse import urlencode, urljoin, urlsplit
 
 import urllib3
 
+from nodeagent.httpdeadline import TRACKED_POOLS, DeadlineExceeded
+from nodeagent.httpdeadline import deadline as http_deadline
 from nodeagent.model import ImagePlatforms, Platform
 
 DOCKER_HUB = "registry-1.docker.io"
@@ -171,6 +173,7 @@ class RegistryClient:
         self.http = urllib3.PoolManager(
             cert_reqs="CERT_REQUIRED", ca_certs=str(ca_bundle) if ca_bundle else None,
             retries=False, maxsize=2)
+        self.http.pool_classes_by_scheme = dict(TRACKED_POOLS)  # headers held to the deadline
         self._tokens: dict[tuple[str, str], tuple[str, float]] = {}  # (host, scope) -> token
         self._cache: OrderedDict[str, tuple[Platform, ...]] = OrderedDict()
         self._lock = threading.Lock()
@@ -332,9 +335,12 @@ class RegistryClient:
             left = deadline.left()
             self.requests += 1
             try:
-                resp = self.http.request(
-                    "GET", url, headers=sent, redirect=False, preload_content=False,
-                    timeout=urllib3.Timeout(connect=min(left, 5.0), read=left))
+                with http_deadline(left):  # a server trickling its headers cannot hold it
+                    resp = self.http.request(
+                        "GET", url, headers=sent, redirect=False, preload_content=False,
+                        timeout=urllib3.Timeout(connect=min(left, 5.0), read=left))
+            except DeadlineExceeded:
+                raise RegistryError("registry did not answer in time") from None
             except urllib3.exceptions.HTTPError as exc:
                 raise RegistryError(f"{urlsplit(url).netloc}: {_reason(exc)}") from exc
             complete = False

@@ -204,6 +204,32 @@ def test_a_trickling_server_is_abandoned_at_the_deadline(hostile: Hostile) -> No
     assert took < 10, f"the lookup took {took:.1f} s with a 1.5 s budget"
 
 
+def test_a_server_trickling_its_headers_is_abandoned_at_the_deadline(hostile: Hostile) -> None:
+    """Headers one byte at a time: every recv succeeds, so only a total deadline ends it."""
+    release = threading.Event()
+
+    def trickle(req: Handler) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + b"X-Pad: " + b"a" * 500
+        try:
+            for byte in head:
+                if release.wait(0.2):
+                    return
+                req.wfile.write(bytes([byte]))
+                req.wfile.flush()
+        except OSError:
+            pass
+
+    hostile.route = trickle
+    try:
+        started = time.monotonic()
+        found = hostile.client(timeout=1.5).image_platforms(f"{hostile.host}/a/b:1")
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert found.error == "registry did not answer in time", found.error
+    assert took < 10, f"the lookup took {took:.1f} s with a 1.5 s budget"
+
+
 def test_redirect_to_plain_http_is_refused(hostile: Hostile) -> None:
     hostile.route = lambda req: reply(req, 307, headers={
         "Location": f"http://{hostile.host}/elsewhere"})

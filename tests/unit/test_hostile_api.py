@@ -77,7 +77,8 @@ def trickling_server(head: bool) -> Iterator[int]:
 @pytest.mark.parametrize("head", [True, False], ids=["headers", "body"])
 def test_a_trickling_server_cannot_hold_a_request(tmp_path: Path, head: bool) -> None:
     from nodeagent.config import Kubernetes
-    from nodeagent.kubeapi import Counters, DeadlineExceeded, api_client, call
+    from nodeagent.httpdeadline import DeadlineExceeded
+    from nodeagent.kubeapi import Counters, api_client, call
 
     with trickling_server(head) as port:
         api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, port)), 1.5)
