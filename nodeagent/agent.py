@@ -35,7 +35,7 @@ from nodeagent.fsutil import descriptor_faults
 from nodeagent.lustre import LustreMonitor
 from nodeagent.model import FABRIC_READY
 from nodeagent.probes.gidwatch import GidSlotWatcher
-from nodeagent.probes.netlink import link_from_msg
+from nodeagent.probes.netlink import deletion_from_msg, link_from_msg
 from nodeagent.publish.node import rfc3339
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
@@ -304,9 +304,21 @@ class Agent:
         due = [t for t in times if t is not None]
         return min(due) + 0.01 if due else None
 
-    def run_pass(self, rails: set[str] | None) -> Report:
+    def repair_from_event(self, msg: Any, rails: set[str], early: Repairs) -> None:
+        """A deletion of something a rail owns is repaired from the event itself, before
+        the rail is probed (the pass that follows verifies it)."""
+        gone = deletion_from_msg(msg)
+        if gone is None:
+            return
+        paused, _ = self.overrides()
+        done = self.evaluator.repair_deletion(gone, rails, skip_repair=paused)
+        if done.done or done.errors:
+            self._count_repairs(self.clock(), done)
+            early.merge(done)
+
+    def run_pass(self, rails: set[str] | None, early: Repairs | None = None) -> Report:
         faults = descriptor_faults()
-        report = self._pass(rails)
+        report = self._pass(rails, early or Repairs())
         if descriptor_faults() != faults and self.last_report is not None:
             # Out of descriptors: reads failed for the agent's sake, not the fabric's. The
             # repairs of this pass stand; its verdict does not replace the last one.
@@ -322,13 +334,15 @@ class Agent:
         self._publish(report)
         return report
 
-    def _pass(self, rails: set[str] | None) -> Report:
+    def _pass(self, rails: set[str] | None, early: Repairs) -> Report:
         started = time.perf_counter()
         self.evaluator.timings.clear()
         paused, _ = self.overrides()
         repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
         now = self.clock()
         self._count_repairs(now, repairs)
+        early.merge(repairs)  # what the events repaired first, then what the probe found
+        repairs = early
         for name, obs in self.evaluator.observations.items():
             if obs.link is not None and name in self.flaps:
                 self.flaps[name].observe(now, obs.link)
@@ -508,6 +522,7 @@ class Agent:
                         continue  # woke only to ping the watchdog
                 full = item is None and self.clock() >= next_resync
                 rails: set[str] = set()
+                early = Repairs()  # repaired from events while draining
                 status_only = judge_only = False
                 if item is None and not full:
                     rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
@@ -525,7 +540,10 @@ class Agent:
                         full = True
                         monitor.resync_pending.clear()  # later overflows queue a new one
                     elif item.kind == "event":
-                        rails |= self.rails_for(item.msg)
+                        hit = self.rails_for(item.msg)
+                        if hit:
+                            self.repair_from_event(item.msg, hit, early)
+                        rails |= hit
                     elif item.kind == "status":
                         status_only = True
                     elif item.kind == "deviceplugin":
@@ -547,10 +565,10 @@ class Agent:
                 if self._stopping:
                     break
                 if full:
-                    self.run_pass(None)
+                    self.run_pass(None, early)
                     next_resync = self.clock() + self.cfg.resync_interval
                 elif rails:
-                    self.run_pass(rails)
+                    self.run_pass(rails, early)
                 elif judge_only:
                     self.run_pass(set())  # new Lustre facts: judge again, probe no rail
                 elif status_only and self.last_report is not None:

@@ -19,12 +19,13 @@ from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.gid import GidVerdict, gid_finding, ipv4_v2_entries, rail_entries
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.lustre import lustre_finding
-from nodeagent.checks.network import network_finding, rail_drift
+from nodeagent.checks.network import deletion_drift, network_finding, rail_drift
 from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
 from nodeagent.config import Config, Rail
 from nodeagent.fsutil import describe_error
 from nodeagent.model import (
     FABRIC_READY,
+    Deletion,
     DevicePluginObservation,
     Drift,
     Finding,
@@ -179,6 +180,23 @@ class Evaluator:
             out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         if out.done and not dry_run:
             self._observe(self.rails[n] for n in out.done)
+        return out
+
+    def repair_deletion(self, gone: Deletion, rails: Iterable[str],
+                        skip_repair: Mapping[str, str] | None = None) -> Repairs:
+        """Repair what one deletion event removed from the given rails, from the event alone
+        (no probe first): the rail's address, a route of its table, its rule. The pass that
+        follows probes and verifies the rail as usual."""
+        out = Repairs()
+        for name in rails:
+            rail = self.rails.get(name)
+            if rail is None or (skip_repair and name in skip_repair):
+                continue
+            ifindex = self.ifindex(name)
+            drift = deletion_drift(rail, ifindex, gone)
+            actions = plan_rail(self.cfg, rail, ifindex, drift) if drift else []
+            if actions:
+                out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         return out
 
     def repin(

@@ -96,6 +96,17 @@ class RuleInfo:
 
 
 @dataclass(frozen=True)
+class Deletion:
+    """An rtnetlink deletion event, typed: what the kernel just removed."""
+
+    what: Literal["address", "route", "rule"]
+    ifindex: int | None = None  # address: its interface
+    address: AddressInfo | None = None
+    route: RouteInfo | None = None
+    rule: RuleInfo | None = None
+
+
+@dataclass(frozen=True)
 class RailObservation:
     """Everything the netlink and sysctl probes saw of one rail at one instant."""
 

@@ -13,6 +13,7 @@ from nodeagent.config import Config, Rail
 from nodeagent.model import (
     DRIFT_ORDER,
     ROCE_NETWORK_READY,
+    Deletion,
     Drift,
     DriftKind,
     Finding,
@@ -30,6 +31,37 @@ def desired_routes(rail: Rail) -> list[tuple[str, str | None]]:
     if rail.gateway is not None:
         routes.append(("0.0.0.0/0", rail.gateway))
     return routes
+
+
+def deletion_drift(rail: Rail, ifindex: int | None, gone: Deletion) -> list[Drift]:
+    """The drift one deletion event makes on a rail, known from the event alone: the rail's
+    own address, one of its table's routes, or its policy rule. [] when the deletion is
+    not of something the rail owns. Lets the daemon repair before it probes."""
+    if gone.address is not None:
+        a = gone.address
+        if gone.ifindex == ifindex and a.address == rail.ip and a.prefixlen == rail.prefixlen:
+            return [Drift(rail.name, DriftKind.ADDRESS_MISSING,
+                          f"{rail.label}: address {rail.address} deleted", repairable=True)]
+        return []
+    if rail.table is None:
+        return []
+    if gone.route is not None and gone.route.table == rail.table:
+        r = gone.route
+        for dst, gateway in desired_routes(rail):
+            if r.dst == dst and (gateway is None or r.gateway == gateway):
+                what = f"default via {gateway}" if gateway else dst
+                return [Drift(rail.name, DriftKind.ROUTE_MISSING,
+                              f"{rail.label}: route {what} deleted from table {rail.table}",
+                              repairable=True, detail=dst)]
+        return []
+    if gone.rule is not None:
+        u = gone.rule
+        if u.src == f"{rail.ip}/32" and u.table == rail.table and (
+                rail.rule_priority is None or u.priority == rail.rule_priority):
+            return [Drift(rail.name, DriftKind.RULE_MISSING,
+                          f"{rail.label}: rule from {rail.ip} lookup {rail.table} deleted",
+                          repairable=True)]
+    return []
 
 
 def rail_drift(cfg: Config, rail: Rail, obs: RailObservation) -> list[Drift]:

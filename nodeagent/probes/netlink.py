@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.config import Rail
-from nodeagent.model import AddressInfo, LinkState, RailObservation, RouteInfo, RuleInfo
+from nodeagent.model import (
+    AddressInfo,
+    Deletion,
+    LinkState,
+    RailObservation,
+    RouteInfo,
+    RuleInfo,
+)
 from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 from nodeagent.probes.sysctl import read_rail_sysctls
 
@@ -58,6 +65,22 @@ def _rule_from_msg(msg: Any) -> RuleInfo:
         src=f"{src}/{msg['src_len']}" if src else None,
         table=int(msg.get("table") or msg["table"]),
     )
+
+
+def deletion_from_msg(msg: Any) -> Deletion | None:
+    """An IPv4 address, route or rule deletion event, typed; None for anything else."""
+    event = str(msg.get("event", ""))
+    try:
+        if event == "RTM_DELADDR" and msg.get("family") == socket.AF_INET:
+            info = _addr_from_msg(msg)
+            return None if info is None else Deletion("address", int(msg["index"]), info)
+        if event == "RTM_DELROUTE" and msg.get("family") == socket.AF_INET:
+            return Deletion("route", route=_route_from_msg(msg))
+        if event == "RTM_DELRULE" and msg.get("family") == socket.AF_INET:
+            return Deletion("rule", rule=_rule_from_msg(msg))
+    except (KeyError, TypeError, ValueError):
+        return None  # a message of a shape we do not know: the pass will look anyway
+    return None
 
 
 def _sysctls(procfs_root: Path, ifname: str, keys: list[str],

@@ -238,3 +238,33 @@ def test_repair_guard_window_slides() -> None:
     for now in (0.0, 6.0, 12.0, 18.0):
         g.record(now, "rail0", "r", {DriftKind.MTU})
     assert g.paused(18.0, "rail0") is None
+
+
+def test_deletion_drift_names_only_what_the_rail_owns() -> None:
+    """The event-targeted repair's input: a deletion of the rail's own address, table route
+    or rule is drift; anything else (another address, another table) is not."""
+    from nodeagent.checks.network import deletion_drift
+    from nodeagent.config import parse_config
+    from nodeagent.model import AddressInfo, Deletion, DriftKind, RouteInfo, RuleInfo
+
+    cfg = parse_config({"rails": [{"name": "rail0", "interface": "r0",
+                                   "address": "10.10.0.5/24", "table": 100,
+                                   "rule_priority": 1000, "gateway": "10.10.0.1"}]})
+    rail = cfg.rails[0]
+
+    def kinds(gone: Deletion) -> list[tuple[DriftKind, str]]:
+        return [(d.kind, d.detail) for d in deletion_drift(rail, 7, gone)]
+
+    assert kinds(Deletion("address", 7, AddressInfo("10.10.0.5", 24, socket.AF_INET))) == [
+        (DriftKind.ADDRESS_MISSING, "")]
+    assert kinds(Deletion("address", 8, AddressInfo("10.10.0.5", 24, socket.AF_INET))) == []
+    assert kinds(Deletion("address", 7, AddressInfo("10.10.0.6", 24, socket.AF_INET))) == []
+    assert kinds(Deletion("address", 7, AddressInfo("10.10.0.5", 16, socket.AF_INET))) == []
+    assert kinds(Deletion("route", route=RouteInfo(100, "0.0.0.0/0", "10.10.0.1", 7))) == [
+        (DriftKind.ROUTE_MISSING, "0.0.0.0/0")]
+    assert kinds(Deletion("route", route=RouteInfo(100, "10.10.0.0/24", None, 7))) == [
+        (DriftKind.ROUTE_MISSING, "10.10.0.0/24")]
+    assert kinds(Deletion("route", route=RouteInfo(254, "0.0.0.0/0", "10.10.0.1", 7))) == []
+    assert kinds(Deletion("rule", rule=RuleInfo(1000, "10.10.0.5/32", 100))) == [
+        (DriftKind.RULE_MISSING, "")]
+    assert kinds(Deletion("rule", rule=RuleInfo(999, "10.10.0.5/32", 100))) == []
