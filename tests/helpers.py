@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,40 @@ def new_netns() -> Netns:
     ns = Netns(name)
     ns.ip("link", "set", "lo", "up")
     return ns
+
+
+def mounted(mountpoint: Path) -> bool:
+    return any(line.split()[4] == str(mountpoint)
+               for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+@contextlib.contextmanager
+def fuse_mount(argv: list[str], mountpoint: Path, log_path: Path,
+               release: Callable[[], None] = lambda: None) -> Iterator[subprocess.Popen[bytes]]:
+    """A test FUSE filesystem process (argv, foreground) mounted at `mountpoint`; on exit
+    `release()` lets any blocked call return, then it is unmounted and stopped."""
+    if not Path("/dev/fuse").exists():
+        raise RuntimeError("this test needs /dev/fuse (a kernel with FUSE)")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 15
+    while not mounted(mountpoint):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{Path(argv[1]).name} did not mount: "
+                               + log_path.read_text()[-2000:])
+        time.sleep(0.05)
+    try:
+        yield proc
+    finally:
+        release()
+        time.sleep(0.2)
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -28,11 +28,6 @@ class HungMount:
                 "timeout": timeout}
 
 
-def mounted(mountpoint: Path) -> bool:
-    return any(line.split()[4] == str(mountpoint)
-               for line in Path("/proc/self/mountinfo").read_text().splitlines())
-
-
 def stuck_probes(mountpoint: Path) -> int:
     """statfs children of the agent still waiting on this mountpoint."""
     count = 0

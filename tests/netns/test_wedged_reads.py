@@ -7,58 +7,41 @@ that never completes does on real hardware.
 
 from __future__ import annotations
 
-import subprocess
+import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Netns, condition, daemon_log, read_status, stop_daemon, wait_for, write_config
+from helpers import (
+    Netns,
+    condition,
+    daemon_log,
+    fuse_mount,
+    read_status,
+    stop_daemon,
+    wait_for,
+    write_config,
+)
 
 HERE = Path(__file__).parent
 BLOCKED = "class/infiniband/mlx5_1/ports/1/gids/3"
 
 
-def mounted(mountpoint: Path) -> bool:
-    return any(line.split()[4] == str(mountpoint)
-               for line in Path("/proc/self/mountinfo").read_text().splitlines())
-
-
 @pytest.fixture
 def blocking_sysfs(agent_config: dict[str, Any], tmp_path: Path) -> Iterator[Path]:
     """agent_config's fixture sysfs tree served through FUSE; the hold file is returned."""
-    if not Path("/dev/fuse").exists():
-        raise RuntimeError("this test needs /dev/fuse (a kernel with FUSE)")
     backing = Path(agent_config["paths"]["sysfs"])
     mnt = tmp_path / "fuse-sys"
     mnt.mkdir()
     hold = tmp_path / "hold"
     hold.touch()  # blocking from the start: the daemon's very first pass meets it
-    log = open(tmp_path / "blockingfs.log", "wb")  # noqa: SIM115 (the process owns it)
-    proc = subprocess.Popen([sys.executable, str(HERE / "blockingfs.py"), str(backing),
-                             str(mnt), str(hold), BLOCKED], stdout=log,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 15
-    while not mounted(mnt):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("blockingfs did not mount: "
-                               + (tmp_path / "blockingfs.log").read_text()[-2000:])
-        time.sleep(0.05)
-    agent_config["paths"]["sysfs"] = str(mnt)
-    try:
+    with fuse_mount([sys.executable, str(HERE / "blockingfs.py"), str(backing), str(mnt),
+                     str(hold), BLOCKED], mnt, tmp_path / "blockingfs.log",
+                    release=lambda: hold.unlink(missing_ok=True)):
+        agent_config["paths"]["sysfs"] = str(mnt)
         yield hold
-    finally:
-        hold.unlink(missing_ok=True)
-        time.sleep(0.2)
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_a_blocking_gid_read_costs_its_own_fact_not_the_repairs(
@@ -111,11 +94,9 @@ def test_a_reload_whose_config_read_blocks_never_stops_the_repairs(
     mnt = tmp_path / "fuse-etc"
     mnt.mkdir()
     hold = tmp_path / "hold-config"
-    log = open(tmp_path / "blockingfs-etc.log", "wb")  # noqa: SIM115 (the process owns it)
-    fs = subprocess.Popen([sys.executable, str(HERE / "blockingfs.py"), str(backing), str(mnt),
-                           str(hold), "c.yaml"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: mounted(mnt), what="blockingfs mounted")
+    with fuse_mount([sys.executable, str(HERE / "blockingfs.py"), str(backing), str(mnt),
+                     str(hold), "c.yaml"], mnt, tmp_path / "blockingfs-etc.log",
+                    release=lambda: hold.unlink(missing_ok=True)):
         run = Path(agent_config["runtime_dir"])
         link = tmp_path / "c.yaml"  # the daemon's log goes beside it, not onto the FUSE fs
         link.symlink_to(mnt / "c.yaml")
@@ -125,7 +106,7 @@ def test_a_reload_whose_config_read_blocks_never_stops_the_repairs(
         hold.touch()
         agent_config["rails"][1]["mtu"] = 9000
         write_config(backing / "c.yaml", agent_config)  # what the reload will find
-        proc.send_signal(__import__("signal").SIGHUP)
+        proc.send_signal(signal.SIGHUP)
         for _ in range(3):
             rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
             wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], timeout=5,
@@ -141,9 +122,3 @@ def test_a_reload_whose_config_read_blocks_never_stops_the_repairs(
                  is None, what="the error cleared")
         code, out = stop_daemon(proc)
         assert code == 0, out
-    finally:
-        hold.unlink(missing_ok=True)
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-        fs.terminate()
-        fs.wait(timeout=10)
-        log.close()

@@ -178,6 +178,18 @@ def test_an_endless_reply_without_length_is_cut_off(hostile: Hostile) -> None:
     assert found.error == f"{hostile.host}: reply exceeds {1 << 20} bytes"
 
 
+def lookup_against(hostile: Hostile, route: Callable[[Handler], None],
+                   release: threading.Event, timeout: float) -> tuple[str | None, float]:
+    """One lookup against `route` with a `timeout` budget: its error and how long it took."""
+    hostile.route = route
+    try:
+        started = time.monotonic()
+        found = hostile.client(timeout=timeout).image_platforms(f"{hostile.host}/a/b:1")
+        return found.error, time.monotonic() - started
+    finally:
+        release.set()
+
+
 def test_a_trickling_server_is_abandoned_at_the_deadline(hostile: Hostile) -> None:
     release = threading.Event()
 
@@ -192,15 +204,8 @@ def test_a_trickling_server_is_abandoned_at_the_deadline(hostile: Hostile) -> No
         except OSError:
             pass
 
-    hostile.route = trickle
-    try:
-        started = time.monotonic()
-        found = hostile.client(timeout=1.5).image_platforms(f"{hostile.host}/a/b:1")
-        took = time.monotonic() - started
-    finally:
-        release.set()
-    assert found.error is not None and ("in time" in found.error
-                                        or "timed out" in found.error.lower())
+    error, took = lookup_against(hostile, trickle, release, 1.5)
+    assert error is not None and ("in time" in error or "timed out" in error.lower())
     assert took < 10, f"the lookup took {took:.1f} s with a 1.5 s budget"
 
 
@@ -219,14 +224,8 @@ def test_a_server_trickling_its_headers_is_abandoned_at_the_deadline(hostile: Ho
         except OSError:
             pass
 
-    hostile.route = trickle
-    try:
-        started = time.monotonic()
-        found = hostile.client(timeout=1.5).image_platforms(f"{hostile.host}/a/b:1")
-        took = time.monotonic() - started
-    finally:
-        release.set()
-    assert found.error == "registry did not answer in time", found.error
+    error, took = lookup_against(hostile, trickle, release, 1.5)
+    assert error == "registry did not answer in time", error
     assert took < 10, f"the lookup took {took:.1f} s with a 1.5 s budget"
 
 
