@@ -227,6 +227,12 @@ class Publisher(threading.Thread):
         if not self._published:  # a restart: what the Node already says is not news
             self._published = {c["type"]: (c.get("status", ""), c.get("reason", ""))
                                for c in existing if "type" in c}
+        # The taint first: it is what keeps pods off, and the Node just read is still
+        # current for its resourceVersion precondition (a status patch first would make it
+        # stale: a 409, a backoff and a GET on every change). Then conditions, then Events.
+        value = taint_value(self.gate.reason) if tainted else None
+        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node,
+                                               report.labels)
         updates = condition_updates(existing, report.findings, time.time())
         if updates:
             writer.patch_conditions(updates)
@@ -236,9 +242,6 @@ class Publisher(threading.Thread):
                 writer.event(uid, f"{f.type}{'' if f.ok else 'Failed'}",
                              f"{f.type}={f.status} ({f.reason}): {f.message}", not f.ok)
                 self._published[f.type] = (f.status, f.reason)
-        value = taint_value(self.gate.reason) if tainted else None
-        changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node,
-                                               report.labels)
         for change in changes:
             if change.startswith("labels "):
                 writer.event(uid, "HardwareFingerprint", change, False)

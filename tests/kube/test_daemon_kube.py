@@ -124,9 +124,12 @@ def test_a_gid_moved_without_any_event_taints_the_node(
                   roce_entries("r1", "10.11.0.5", ipv4_index=6))  # rail1: index 3 -> 7
     wait_for(lambda: (our_taint(core, node) or {}).get("value") == "GIDIndexShifted",
              timeout=10, what="the taint for a GID that moved with no event")
-    conds = {c["type"]: c for c in node_json(core, node)["status"]["conditions"]}
-    assert conds["RoCEGIDStable"]["reason"] == "GIDIndexShifted"
-    assert "index 7, pinned 3" in conds["RoCEGIDStable"]["message"]
+    # The condition follows the taint (the taint is written first: it keeps pods off).
+    gid = wait_for(lambda: next((c for c in node_json(core, node)["status"]["conditions"]
+                                 if c["type"] == "RoCEGIDStable"
+                                 and c["reason"] == "GIDIndexShifted"), None),
+                   what="RoCEGIDStable GIDIndexShifted on the Node")
+    assert "index 7, pinned 3" in gid["message"]
     status = read_status(runtime)
     assert status is not None and status["daemon"]["passes"] > passes
 
