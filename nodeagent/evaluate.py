@@ -16,7 +16,13 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
-from nodeagent.checks.gid import GidVerdict, gid_finding, ipv4_v2_entries, rail_entries
+from nodeagent.checks.gid import (
+    GidVerdict,
+    gid_finding,
+    ipv4_v2_entries,
+    pin_for,
+    rail_entries,
+)
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import deletion_drift, network_finding, rail_drift
@@ -30,7 +36,6 @@ from nodeagent.model import (
     Drift,
     Finding,
     GidTable,
-    Pin,
     QueuePairs,
     RailCounters,
     RailObservation,
@@ -260,33 +265,33 @@ class Evaluator:
         report.actions = repairs.texts()
         return report
 
+    def _rail_port(self, rail: Rail) -> tuple[str | None, int]:
+        """The RDMA device and port a rail uses: configured, else where its GIDs were last
+        seen (None while they have not been seen)."""
+        if rail.rdma_device:
+            return rail.rdma_device, rail.rdma_port
+        entries = rail_entries(rail, self.gid_table)
+        return (entries[0].device, entries[0].port) if entries else (None, 1)
+
     def watched_slots(self) -> set[tuple[str, int, int]]:
         """The GID slots worth watching between passes: each rail's pinned index and the
         index its IPv4 RoCE v2 GID was last seen at, on its device."""
         slots = set()
         for rail in self.cfg.rails:
             found = ipv4_v2_entries(rail, self.gid_table)
-            pin = (self.pins.get(rail.name) if rail.gid_index is None
-                   else Pin(rail.gid_index, rail.rdma_device, rail.rdma_port))
-            device = found[0].device if found else (pin.device if pin else None)
-            port = found[0].port if found else (pin.port if pin else None)
             if found:
                 slots.add((found[0].device, found[0].port, found[0].index))
-            if pin is not None and device is not None:
-                slots.add((pin.device or device, pin.port or port or 1, pin.index))
+            pin = pin_for(rail, self.pins)
+            device, port = self._rail_port(rail)
+            if pin is not None and (pin.device or device):
+                slots.add((pin.device or device or "", pin.port or port, pin.index))
         return slots
 
     def _rail_devices(self) -> list[str] | None:
-        """The RDMA devices the rails use (configured, else where their GIDs were last
-        seen); None while a rail's device is not known: then every device is read."""
-        devices = set()
-        for rail in self.cfg.rails:
-            entries = rail_entries(rail, self.gid_table)
-            device = rail.rdma_device or (entries[0].device if entries else None)
-            if device is None:
-                return None
-            devices.add(device)
-        return sorted(devices)
+        """The RDMA devices the rails use; None while a rail's device is not known: then
+        every device is read."""
+        devices = {self._rail_port(rail)[0] for rail in self.cfg.rails}
+        return None if None in devices else sorted(d for d in devices if d)
 
     def _report(
         self,
@@ -389,9 +394,7 @@ class Evaluator:
         started = time.perf_counter()
         calls = {}
         for rail in cfg.rails:
-            entries = rail_entries(rail, self.gid_table)
-            device = rail.rdma_device or (entries[0].device if entries else None)
-            port = rail.rdma_port if rail.rdma_device else (entries[0].port if entries else 1)
+            device, port = self._rail_port(rail)
             calls[f"counters:{rail.name}"] = functools.partial(
                 read_rail_counters, cfg.paths.sysfs, rail.interface, device, port)
         for rail, got in zip(cfg.rails, self.reads.run(calls).values(), strict=True):

@@ -63,6 +63,13 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def _require_regular(fd: int, path: str | os.PathLike[str]) -> None:
+    """Checked on the open descriptor, so a rename in between cannot fool it."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+
+
 def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None,
                        follow: bool = True) -> bytes:
     """The bytes of a regular file, at most `limit` of them (TooLarge past that).
@@ -74,9 +81,7 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | N
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = open_counted(path, flags, dir_fd=dir_fd)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+        _require_regular(fd, path)
         # A regular file ignores O_NONBLOCK; procfs and sysfs report size 0 or 4096 whatever
         # they hold, so the cap is enforced on what is read, not on st_size.
         chunks: list[bytes] = []
@@ -99,9 +104,7 @@ def read_attribute(path: str | os.PathLike[str], dir_fd: int | None = None) -> s
     shows an attribute in one page). Text, stripped; undecodable bytes replaced."""
     fd = open_counted(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file", str(path))
+        _require_regular(fd, path)
         return os.read(fd, ATTRIBUTE_MAX).decode("ascii", errors="replace").strip()
     finally:
         os.close(fd)
@@ -161,10 +164,7 @@ def write_attribute(root: Path, parts: Sequence[str], text: str) -> None:
         leaf = os.open(parts[-1], os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                        dir_fd=fd)
         try:
-            mode = os.fstat(leaf).st_mode
-            if not stat.S_ISREG(mode):
-                raise NotARegularFile(errno.EINVAL, f"{_kind(mode)}, not a regular file",
-                                      str(root.joinpath(*parts)))
+            _require_regular(leaf, root.joinpath(*parts))
             os.write(leaf, text.encode("ascii"))
         finally:
             os.close(leaf)
