@@ -24,8 +24,7 @@ from tenacity import (
 
 from nodeagent.config import Kubernetes
 from nodeagent.kubeapi import Counters, call, is_conflict
-from nodeagent.probes.hardware import FINGERPRINT_LABELS
-from nodeagent.publish.node import CORDON_ANNOTATION, cordon_patch, desired_taints, label_patch
+from nodeagent.publish.node import spec_changes
 
 log = logging.getLogger(__name__)
 
@@ -97,19 +96,12 @@ class NodeWriter:
                stop=stop_after_attempt(12))
         def attempt() -> list[str]:
             node = fresh.pop() if fresh else self.read_node()
-            spec = node.get("spec", {})
             meta = node.get("metadata", {})
-            annotations = meta.get("annotations") or {}
-            taints = desired_taints(spec.get("taints") or [], self.cfg.taint.key,
-                                    self.cfg.taint.effect, taint_value)
-            cordon_change = None
-            if self.cfg.cordon or CORDON_ANNOTATION in annotations:
-                cordon_change = cordon_patch(bool(spec.get("unschedulable")), annotations,
-                                             self.cfg.cordon and cordon, reason)
-            relabel = (label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, labels)
-                       if labels is not None else {})
-            if taints is None and cordon_change is None and not relabel:
+            want = spec_changes(node, self.cfg.taint.key, self.cfg.taint.effect, taint_value,
+                                self.cfg.cordon, cordon, reason, labels)
+            if not want:
                 return []
+            taints, cordon_change, relabel = want.taints, want.cordon, want.labels
             body: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
             changed: list[str] = []
             if relabel:

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from nodeagent.model import CONDITION_TYPES, FABRIC_READY, FABRIC_TRAFFIC_ON_RDMA, Finding
+from nodeagent.probes.hardware import FINGERPRINT_LABELS
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
@@ -168,3 +169,33 @@ def cordon_patch(
     if unschedulable:
         patch["spec"] = {"unschedulable": False}
     return patch
+
+
+@dataclass(frozen=True)
+class SpecChanges:
+    """What the agent must change on a Node's object (not its status): None/{} when right."""
+
+    taints: list[dict[str, Any]] | None
+    cordon: dict[str, Any] | None
+    labels: dict[str, str | None]
+
+    def __bool__(self) -> bool:
+        return self.taints is not None or self.cordon is not None or bool(self.labels)
+
+
+def spec_changes(node: Mapping[str, Any], key: str, effect: str, taint_value: str | None,
+                 manage_cordon: bool, want_cordon: bool, reason: str,
+                 labels: Mapping[str, str] | None) -> SpecChanges:
+    """Our taint, cordon and fingerprint labels against the Node as read. Pure; shared by
+    the writer (what to patch) and the watch (whether someone moved the Node off them)."""
+    spec = node.get("spec") or {}
+    meta = node.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    cordon = None
+    if manage_cordon or CORDON_ANNOTATION in annotations:
+        cordon = cordon_patch(bool(spec.get("unschedulable")), annotations,
+                              manage_cordon and want_cordon, reason)
+    relabel = (label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, labels)
+               if labels is not None else {})
+    return SpecChanges(desired_taints(spec.get("taints") or [], key, effect, taint_value),
+                       cordon, relabel)

@@ -19,16 +19,7 @@ from typing import TYPE_CHECKING, Any
 from nodeagent.config import Kubernetes
 from nodeagent.evaluate import Report
 from nodeagent.model import FABRIC_READY, Finding
-from nodeagent.probes.hardware import FINGERPRINT_LABELS
-from nodeagent.publish.node import (
-    CORDON_ANNOTATION,
-    TaintGate,
-    condition_updates,
-    cordon_patch,
-    desired_taints,
-    label_patch,
-    taint_value,
-)
+from nodeagent.publish.node import TaintGate, condition_updates, spec_changes, taint_value
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
     from nodeagent.probes.kube import WatchedCollection
@@ -203,19 +194,12 @@ class Publisher(threading.Thread):
         meta = node.get("metadata") or {}
         if meta.get("resourceVersion") in writer.own_versions:
             return False
-        spec, status = node.get("spec") or {}, node.get("status") or {}
         value = taint_value(self.gate.reason) if tainted else None
-        if desired_taints(spec.get("taints") or [], self.cfg.taint.key, self.cfg.taint.effect,
-                          value) is not None:
+        if spec_changes(node, self.cfg.taint.key, self.cfg.taint.effect, value,
+                        self.cfg.cordon, tainted, self.gate.reason, report.labels):
             return True
-        annotations = meta.get("annotations") or {}
-        if (self.cfg.cordon or CORDON_ANNOTATION in annotations) and cordon_patch(
-                bool(spec.get("unschedulable")), annotations, self.cfg.cordon and tainted,
-                self.gate.reason) is not None:
-            return True
-        if condition_updates(status.get("conditions") or [], report.findings, time.time()):
-            return True
-        return bool(label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, report.labels))
+        conditions = (node.get("status") or {}).get("conditions") or []
+        return bool(condition_updates(conditions, report.findings, time.time()))
 
     def _sync_node(self, report: Report, tainted: bool,
                    node: dict[str, Any] | None = None) -> None:
