@@ -14,7 +14,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -30,10 +30,10 @@ from pyroute2.netlink.rtnl import (
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
-from nodeagent.evaluate import Evaluator, Repairs, Report
+from nodeagent.evaluate import Evaluator, PassPolicy, Repairs, Report, fabric_pass
 from nodeagent.fsutil import descriptor_faults
 from nodeagent.lustre import LustreMonitor
-from nodeagent.model import FABRIC_READY
+from nodeagent.model import FABRIC_READY, RailObservation
 from nodeagent.probes.gidwatch import GidSlotWatcher
 from nodeagent.probes.netlink import deletion_from_msg, link_from_msg
 from nodeagent.publish.node import rfc3339
@@ -121,6 +121,30 @@ def summary(report: Report) -> str:
     if fabric is None or fabric.ok:
         return f"fabric ready: {rails} rail(s), every condition True"
     return f"FABRIC NOT READY ({fabric.reason}): {fabric.message}"[:200]
+
+
+class DaemonPolicy(PassPolicy):
+    """The daemon's part in the one pass: its repair guard, pauses and flap trackers."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def paused(self) -> dict[str, str]:
+        return self.agent.overrides()[0]
+
+    def repaired(self, repairs: Repairs, ours: bool) -> None:
+        # A re-pin undoes the agent's own doing, not a fight with another manager: it is
+        # kept out of the repair guard.
+        self.agent._count_repairs(self.agent.clock(), repairs, guard=not ours)
+
+    def observed(self, observations: Mapping[str, RailObservation]) -> None:
+        now, flaps = self.agent.clock(), self.agent.flaps
+        for name, obs in observations.items():
+            if obs.link is not None and name in flaps:
+                flaps[name].observe(now, obs.link)
+
+    def overrides(self) -> dict[str, tuple[str, str]]:
+        return self.agent.overrides()[1]
 
 
 class Agent:
@@ -337,23 +361,8 @@ class Agent:
     def _pass(self, rails: set[str] | None, early: Repairs) -> Report:
         started = time.perf_counter()
         self.evaluator.timings.clear()
-        paused, _ = self.overrides()
-        repairs = self.evaluator.probe_and_repair(rails, repair=True, skip_repair=paused)
-        now = self.clock()
-        self._count_repairs(now, repairs)
-        early.merge(repairs)  # what the events repaired first, then what the probe found
-        repairs = early
-        for name, obs in self.evaluator.observations.items():
-            if obs.link is not None and name in self.flaps:
-                self.flaps[name].observe(now, obs.link)
-        _, overrides = self.overrides()  # the guard and flap verdicts after this pass
-        report = self.evaluator.judge(repairs, overrides, full=rails is None)
-        repinned = self.evaluator.repin(skip_repair=paused)
-        if repinned.done or repinned.errors:  # judged again in this same pass
-            # our own doing, not a fight with another manager: kept out of the repair guard
-            self._count_repairs(now, repinned, guard=False)
-            repairs.merge(repinned)
-            report = self.evaluator.judge(repairs, overrides, full=rails is None)
+        report, repairs = fabric_pass(self.evaluator, rails, repair=True, early=early,
+                                      policy=DaemonPolicy(self))
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
         if self.metrics is not None:

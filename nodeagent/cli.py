@@ -106,7 +106,7 @@ def _ipr() -> Any:
 
 
 def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
-    from nodeagent.evaluate import Evaluator
+    from nodeagent.evaluate import Evaluator, Repairs, fabric_pass
 
     cfg = _load(args.config)
     if getattr(args, "config_only", False):
@@ -121,26 +121,19 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
     with _ipr() as ipr:
         # check and dry-run change nothing, not even the learned-pin state.
         evaluator = Evaluator(cfg, ipr, persist_pins=repair and not dry_run)
-        repairs = evaluator.probe_and_repair(repair=repair, dry_run=dry_run)
+        early = Repairs()  # the mounts, read (and remounted) before the pass judges them
         if cfg.lustre:
             from nodeagent.lustre import look_and_repair
             from nodeagent.probes.lustre import BoundedRunner
 
-            evaluator.lustre, done, errors = look_and_repair(
+            evaluator.lustre, early.other, early.errors = look_and_repair(
                 cfg, BoundedRunner(), repair=repair and not dry_run)
-            repairs.other += done
-            repairs.errors += errors
         if cfg.kubernetes is not None and cfg.device_plugin is not None:
             from nodeagent.deviceplugin import load_seen_ready, plugin_reader
 
             evaluator.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
             evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
-        report = evaluator.judge(repairs)
-        if repair:  # a shifted GID that nothing uses any more is put back on its pin
-            repinned = evaluator.repin(dry_run=dry_run)
-            if repinned.done or repinned.errors:
-                repairs.merge(repinned)
-                report = evaluator.judge(repairs)
+        report, _ = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)
     return EXIT_OK if report.ok else EXIT_NOT_OK

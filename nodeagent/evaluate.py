@@ -113,6 +113,63 @@ class Repairs:
         self.other.extend(other.other)
 
 
+class PassPolicy:
+    """What a caller adds to the one pass. A one-shot command adds nothing; the daemon
+    pauses rails it is fighting over (ManagedElsewhere), feeds its repair guard and flap
+    trackers, and carries their verdicts into RoCENetworkReady."""
+
+    def paused(self) -> Mapping[str, str]:
+        """Rails whose repairs are paused, with why."""
+        return {}
+
+    def repaired(self, repairs: Repairs, ours: bool) -> None:
+        """Repairs that ran; `ours` when they undo the agent's own doing (a re-pin)."""
+
+    def observed(self, observations: Mapping[str, RailObservation]) -> None:
+        """The rails as just probed (after this pass's repairs)."""
+
+    def overrides(self) -> Mapping[str, tuple[str, str]]:
+        """Time-based verdicts per rail: (reason, message)."""
+        return {}
+
+
+def fabric_pass(
+    evaluator: Evaluator,
+    rails: Iterable[str] | None = None,
+    *,
+    repair: bool,
+    dry_run: bool = False,
+    early: Repairs | None = None,
+    policy: PassPolicy | None = None,
+) -> tuple[Report, Repairs]:
+    """The one pass `check`, `apply` and the daemon all run: probe the rails (default all;
+    an empty set probes none and judges the latest facts) -> repair their drift -> re-probe
+    what was repaired -> judge -> re-pin a shifted GID that nothing uses -> judge again.
+
+    `early` holds what was repaired before the pass (from events, remounts): it is reported
+    with the rest. Returns the report and every repair it reports."""
+    policy = policy or PassPolicy()
+    paused = policy.paused()
+    probed = evaluator.probe_and_repair(rails, repair=repair, dry_run=dry_run,
+                                        skip_repair=paused)
+    if not dry_run:
+        policy.repaired(probed, ours=False)
+    policy.observed(evaluator.observations)
+    repairs = early if early is not None else Repairs()
+    repairs.merge(probed)
+    overrides = policy.overrides()  # the guard and flap verdicts after this pass's repairs
+    full = rails is None
+    report = evaluator.judge(repairs, overrides, full=full)
+    if repair:
+        repinned = evaluator.repin(dry_run=dry_run, skip_repair=paused)
+        if repinned.done or repinned.errors:
+            if not dry_run:
+                policy.repaired(repinned, ours=True)
+            repairs.merge(repinned)
+            report = evaluator.judge(repairs, overrides, full=full)
+    return report, repairs
+
+
 class Evaluator:
     def __init__(self, cfg: Config, ipr: Any, persist_pins: bool = True) -> None:
         self.cfg = cfg
