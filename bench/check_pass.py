@@ -15,7 +15,7 @@ from common import make_rails, reexec_in_netns, summary
 from pyroute2 import IPRoute
 
 from nodeagent.config import parse_config
-from nodeagent.evaluate import Evaluator
+from nodeagent.run.evaluate import Evaluator
 
 
 def main() -> None:

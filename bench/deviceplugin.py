@@ -94,7 +94,7 @@ def bench_check(n: int) -> None:
 
     from nodeagent.checks.deviceplugin import device_plugin_finding
     from nodeagent.config import parse_config
-    from nodeagent.deviceplugin import plugin_reader
+    from nodeagent.run.deviceplugin import plugin_reader
 
     root = Path(tempfile.mkdtemp(prefix="nodeagent-bench-check-"))
     reg = start_registry(root)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT / "tests" / "kube"))
 
 from apiserver import ApiServer, start_apiserver
 
-from nodeagent.fleet import FleetSource, fleet_rows, render
-from nodeagent.kubeapi import Counters, call
+from nodeagent.cli.fleet import FleetSource, fleet_rows, render
+from nodeagent.kube.api import Counters, call
 
 CONDITIONS = ("RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
               "FabricReady")

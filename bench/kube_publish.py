@@ -30,8 +30,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from nodeagent.config import Kubernetes
-from nodeagent.evaluate import Report
-from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding
+from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding, Report
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 

@@ -21,9 +21,9 @@ from common import ROOT, make_rails, reexec_in_netns, summary
 from pyroute2 import IPRoute
 
 from nodeagent.config import parse_config
-from nodeagent.evaluate import Evaluator
-from nodeagent.lustre import LustreMonitor, look
-from nodeagent.probes.lustre import BoundedRunner
+from nodeagent.io.commands import BoundedRunner
+from nodeagent.run.evaluate import Evaluator
+from nodeagent.run.lustre import LustreMonitor, look
 
 SOURCE = "10.0.0.1@o2ib:/scratch"
 

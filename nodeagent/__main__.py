@@ -1,5 +1,5 @@
 import sys
 
-from nodeagent.cli import main
+from nodeagent.cli.main import main
 
 sys.exit(main())

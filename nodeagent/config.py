@@ -27,7 +27,7 @@ from pydantic import (
     field_validator,
 )
 
-from nodeagent.fsutil import CONFIG_MAX, describe_error, read_text_bounded
+from nodeagent.io.files import CONFIG_MAX, describe_error, read_text_bounded
 
 DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.yaml"
 CONFIG_ENV = "NODEAGENT_CONFIG"

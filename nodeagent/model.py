@@ -28,6 +28,12 @@ CONDITION_TYPES = (
 # Informational (not part of FabricReady unless configured): traffic really uses RDMA.
 FABRIC_TRAFFIC_ON_RDMA = "FabricTrafficOnRDMA"
 
+# The hardware fingerprint labels the agent puts on its Node.
+LABEL_PREFIX = "nodeagent.io/"
+HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER = (f"{LABEL_PREFIX}rdma-{k}" for k in (
+    "hca-type", "fw-version", "board-id", "driver"))
+FINGERPRINT_LABELS = (HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER)
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -312,3 +318,84 @@ class ImagePlatforms:
     digest: str = ""
     platforms: tuple[Platform, ...] = ()
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class GidShift:
+    """A rail whose IPv4 RoCE v2 GID is off its pinned index."""
+
+    device: str
+    port: int
+    index: int  # where it is now
+    pinned: int
+    slot_taken_by: str | None  # the GID now at the pinned index, if any
+
+
+# Lustre: what one look at the configured mounts saw.
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    mountpoint: str
+    fstype: str
+    source: str
+    options: frozenset[str]  # per-mount and superblock options, 'flock', 'rw', 'user_xattr'...
+
+
+@dataclass(frozen=True)
+class Health:
+    """The Lustre client's own verdict (health_check)."""
+
+    state: str  # "healthy" | "unhealthy" | "lbug" | "unreadable" | "absent"
+    detail: str = ""
+
+
+@dataclass
+class ProbeResult:
+    done: bool  # finished within the timeout
+    ok: bool  # finished and succeeded
+    seconds: float  # how long it took, or how long it has been running
+    output: str = ""
+    already_running: bool = False  # a previous probe is still stuck: none was started
+
+
+@dataclass(frozen=True)
+class LustreObservation:
+    mounts: dict[str, MountEntry]  # by mountpoint (the last entry wins, as in the kernel)
+    mount_errors: tuple[str, ...]
+    health: Health
+    statfs: dict[str, ProbeResult]  # by configured mountpoint, only for mounts present
+    lfs: dict[str, str] | None  # target -> status; None when `lfs` is not there
+    lfs_error: str | None = None
+
+
+@dataclass
+class Report:
+    """What check/apply print with --json and what the status file holds."""
+
+    node: str
+    findings: list[Finding]
+    actions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    gid_source: str = "none"
+    rails: list[dict[str, Any]] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)  # hardware fingerprint for the Node
+
+    @property
+    def ok(self) -> bool:
+        """FabricReady: every condition that gates the node (the informational
+        FabricTrafficOnRDMA only when configured to gate)."""
+        fabric = [f for f in self.findings if f.type == FABRIC_READY]
+        return all(f.ok for f in fabric or self.findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "ok": self.ok,
+            "conditions": [f.as_dict() for f in self.findings],
+            "actions": list(self.actions),
+            "errors": list(self.errors),
+            "gid_source": self.gid_source,
+            "rails": self.rails,
+            "labels": dict(self.labels),
+        }

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.config import Config
-from nodeagent.fsutil import (
+from nodeagent.io.files import (
     STATE_MAX,
     NotARegularFile,
     TooLarge,

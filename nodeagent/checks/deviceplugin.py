@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 from nodeagent.config import Config
-from nodeagent.kubefields import quantity, timestamp
+from nodeagent.kube.fields import quantity, timestamp
 from nodeagent.model import (
     RDMA_DEVICE_PLUGIN_READY,
     ConditionStatus,

@@ -15,22 +15,12 @@ from nodeagent.model import (
     ConditionStatus,
     Finding,
     GidEntry,
+    GidShift,
     GidTable,
     GidType,
     Pin,
     QueuePairs,
 )
-
-
-@dataclass(frozen=True)
-class GidShift:
-    """A rail whose IPv4 RoCE v2 GID is off its pinned index."""
-
-    device: str
-    port: int
-    index: int  # where it is now
-    pinned: int
-    slot_taken_by: str | None  # the GID now at the pinned index, if any
 
 
 @dataclass(frozen=True)

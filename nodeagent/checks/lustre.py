@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from nodeagent.config import Config, LustreMount
-from nodeagent.model import LUSTRE_READY, ConditionStatus, Finding
-from nodeagent.probes.lustre import LustreObservation
+from nodeagent.model import LUSTRE_READY, ConditionStatus, Finding, LustreObservation
 
 
 def fsname(source: str) -> str:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nodeagent.fsutil import read_attribute
+from nodeagent.io.bounded import Where
+from nodeagent.io.files import read_attribute
 from nodeagent.model import RailCounters
-from nodeagent.probes.bounded import Where
 
 WORD = 4  # port_xmit_data / port_rcv_data count 32-bit words
 

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from nodeagent.fsutil import open_counted, read_attribute
+from nodeagent.io.bounded import BoundedReads, Stuck, Where
+from nodeagent.io.files import open_counted, read_attribute
 from nodeagent.model import GidEntry, GidTable, GidType
-from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 
 GidSource = Literal["auto", "pyverbs", "sysfs"]
 

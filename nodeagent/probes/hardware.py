@@ -9,13 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nodeagent.fsutil import read_attribute
-from nodeagent.probes.bounded import Where
-
-LABEL_PREFIX = "nodeagent.io/"
-HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER = (f"{LABEL_PREFIX}rdma-{k}" for k in (
-    "hca-type", "fw-version", "board-id", "driver"))
-FINGERPRINT_LABELS = (HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER)
+from nodeagent.io.bounded import Where
+from nodeagent.io.files import read_attribute
+from nodeagent.model import BOARD_ID, DRIVER, FINGERPRINT_LABELS, FW_VERSION, HCA_TYPE
 
 
 def _text(path: Path, where: Where) -> str | None:

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.fsutil import describe_error, read_text_bounded
-from nodeagent.probes.bounded import BoundedReads, Stuck, Where
+from nodeagent.io.bounded import Stuck, Where
+from nodeagent.io.commands import BoundedRunner
+from nodeagent.io.files import describe_error, read_text_bounded
+from nodeagent.model import Health, LustreObservation, MountEntry
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -26,14 +24,6 @@ _OCTAL = re.compile(r"\\([0-7]{3})")
 def unescape(field_text: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as \\ooo octal."""
     return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field_text)
-
-
-@dataclass(frozen=True)
-class MountEntry:
-    mountpoint: str
-    fstype: str
-    source: str
-    options: frozenset[str]  # per-mount and superblock options, 'flock', 'rw', 'user_xattr'...
 
 
 def parse_mountinfo(text: str) -> tuple[list[MountEntry], list[str]]:
@@ -67,14 +57,6 @@ def read_mountinfo(procfs_root: Path) -> tuple[list[MountEntry], list[str]]:
     except OSError as exc:
         return [], [f"cannot read {path}: {describe_error(exc)}"]
     return parse_mountinfo(text)
-
-
-@dataclass(frozen=True)
-class Health:
-    """The Lustre client's own verdict (health_check)."""
-
-    state: str  # "healthy" | "unhealthy" | "lbug" | "unreadable" | "absent"
-    detail: str = ""
 
 
 def parse_health(text: str) -> Health:
@@ -121,67 +103,9 @@ def parse_lfs_check(text: str) -> dict[str, str]:
     return targets
 
 
-@dataclass
-class ProbeResult:
-    done: bool  # finished within the timeout
-    ok: bool  # finished and succeeded
-    seconds: float  # how long it took, or how long it has been running
-    output: str = ""
-    already_running: bool = False  # a previous probe is still stuck: none was started
-
-
-@dataclass
-class BoundedRunner:
-    """Runs probe commands in child processes, at most one outstanding per key."""
-
-    outstanding: dict[str, tuple[subprocess.Popen[str], float]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    reads: BoundedReads = field(default_factory=BoundedReads)  # health_check, off-thread
-
-    def run(self, key: str, argv: list[str], timeout: float) -> ProbeResult:
-        with self.lock:
-            stuck = self.outstanding.get(key)
-            if stuck is not None:
-                proc, started = stuck
-                if proc.poll() is None:
-                    return ProbeResult(False, False, time.monotonic() - started,
-                                       already_running=True)
-                del self.outstanding[key]  # it finished at last: probe afresh
-            started = time.monotonic()
-            try:
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, text=True,
-                                        start_new_session=True)
-            except OSError as exc:
-                return ProbeResult(True, False, 0.0, f"cannot run {argv[0]}: {exc}")
-            self.outstanding[key] = (proc, started)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # Leave it: it may sit in uninterruptible sleep; the next probe waits for it.
-            return ProbeResult(False, False, time.monotonic() - started)
-        with self.lock:
-            self.outstanding.pop(key, None)
-        return ProbeResult(True, proc.returncode == 0, time.monotonic() - started, out or "")
-
-    def stuck(self) -> int:
-        with self.lock:
-            return sum(1 for p, _ in self.outstanding.values() if p.poll() is None)
-
-
 def statfs_argv(mountpoint: str) -> list[str]:
     # coreutils `stat -f` does exactly one statfs(2); cheaper to start than a Python child.
     return ["stat", "--file-system", "--format=%T", "--", mountpoint]
-
-
-@dataclass(frozen=True)
-class LustreObservation:
-    mounts: dict[str, MountEntry]  # by mountpoint (the last entry wins, as in the kernel)
-    mount_errors: tuple[str, ...]
-    health: Health
-    statfs: dict[str, ProbeResult]  # by configured mountpoint, only for mounts present
-    lfs: dict[str, str] | None  # target -> status; None when `lfs` is not there
-    lfs_error: str | None = None
 
 
 def observe_lustre(

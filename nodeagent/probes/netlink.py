@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.config import Rail
+from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.model import (
     AddressInfo,
     Deletion,
@@ -21,7 +22,6 @@ from nodeagent.model import (
     RouteInfo,
     RuleInfo,
 )
-from nodeagent.probes.bounded import BoundedReads, Stuck, Where
 from nodeagent.probes.sysctl import read_rail_sysctls
 
 IFF_UP = 0x1

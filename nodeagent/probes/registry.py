@@ -28,8 +28,8 @@ from urllib.parse import urlencode, urljoin, urlsplit
 
 import urllib3
 
-from nodeagent.httpdeadline import TRACKED_POOLS, DeadlineExceeded
-from nodeagent.httpdeadline import deadline as http_deadline
+from nodeagent.io.http import TRACKED_POOLS, DeadlineExceeded
+from nodeagent.io.http import deadline as http_deadline
 from nodeagent.model import ImagePlatforms, Platform
 
 DOCKER_HUB = "registry-1.docker.io"

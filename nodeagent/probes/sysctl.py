@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from nodeagent.config import sysctl_parts
-from nodeagent.fsutil import read_attribute
+from nodeagent.io.files import read_attribute
 
 
 def sysctl_path(procfs_root: Path, ifname: str, key: str) -> Path:

@@ -1,6 +1,6 @@
 """Kubernetes writes for one Node: conditions, taint, cordon, Events, Lease.
 
-The only module that writes to the API server (requests go through nodeagent.kubeapi:
+The only module that writes to the API server (requests go through nodeagent.kube.api:
 plain JSON, a timeout on every call). 409 conflicts on the taint/cordon
 read-modify-write are retried (tenacity: jittered exponential backoff, bounded).
 """
@@ -23,7 +23,7 @@ from tenacity import (
 )
 
 from nodeagent.config import Kubernetes
-from nodeagent.kubeapi import Counters, call, is_conflict
+from nodeagent.kube.api import Counters, call, is_conflict
 from nodeagent.publish.node import spec_changes
 
 log = logging.getLogger(__name__)

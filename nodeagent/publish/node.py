@@ -17,8 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from nodeagent.model import CONDITION_TYPES, FABRIC_READY, FABRIC_TRAFFIC_ON_RDMA, Finding
-from nodeagent.probes.hardware import FINGERPRINT_LABELS
+from nodeagent.model import (
+    CONDITION_TYPES,
+    FABRIC_READY,
+    FABRIC_TRAFFIC_ON_RDMA,
+    FINGERPRINT_LABELS,
+    Finding,
+)
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")

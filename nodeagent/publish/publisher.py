@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import Kubernetes
-from nodeagent.evaluate import Report
-from nodeagent.model import FABRIC_READY, Finding
+from nodeagent.model import FABRIC_READY, Finding, Report
 from nodeagent.publish.node import TaintGate, condition_updates, spec_changes, taint_value
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
-    from nodeagent.probes.kube import WatchedCollection
+    from nodeagent.kube.watch import WatchedCollection
     from nodeagent.publish.kube import NodeWriter
 
 log = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ class Publisher(threading.Thread):
         """One watch of the agent's own Node (list, then watch from its resourceVersion,
         bookmarks, a new list on 410): every change by anyone is compared with the verdict
         at once, and steady state costs no request beyond the watch itself."""
-        from nodeagent.probes.kube import WatchedCollection
+        from nodeagent.kube.watch import WatchedCollection
 
         self.node_watch = WatchedCollection(
             writer.api, writer.counters, "/api/v1/nodes",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.fsutil import STATUS_MAX, parse_json_state, read_text_bounded, write_json_atomic
+from nodeagent.io.files import STATUS_MAX, parse_json_state, read_text_bounded, write_json_atomic
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "daemon.lock"

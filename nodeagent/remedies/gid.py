@@ -14,9 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nodeagent.checks.gid import GidShift
 from nodeagent.config import Rail
-from nodeagent.model import DriftKind
+from nodeagent.model import DriftKind, GidShift
 from nodeagent.remedies.network import Action, addr_args, execute
 
 

@@ -7,7 +7,8 @@ remount racing a hung client only adds a second stuck process.
 from __future__ import annotations
 
 from nodeagent.config import Config
-from nodeagent.probes.lustre import BoundedRunner, LustreObservation
+from nodeagent.io.commands import BoundedRunner
+from nodeagent.model import LustreObservation
 
 REMOUNT_REASONS = ("NotMounted", "WrongSource", "WrongType", "MissingOption")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.config import Config, Rail, sysctl_parts
-from nodeagent.fsutil import write_attribute
+from nodeagent.io.files import write_attribute
 from nodeagent.model import Drift, DriftKind
 
 RT_SCOPE_LINK = 253

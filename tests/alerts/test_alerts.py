@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodeagent.alerts import Windows, alert_groups, ksm_label, prometheus_rule, rules_file
-from nodeagent.cli import main
+from nodeagent.cli.alerts import Windows, alert_groups, ksm_label, prometheus_rule, rules_file
+from nodeagent.cli.main import main
 from nodeagent.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,9 +22,9 @@ from registry_env import Registry
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.config import Config, parse_config
-from nodeagent.deviceplugin import plugin_reader
 from nodeagent.model import Finding
 from nodeagent.probes.kube import KubeReader, WatchingReader
+from nodeagent.run.deviceplugin import plugin_reader
 
 NS, DS, RESOURCE = "kube-system", "rdma-shared-dp-ds", "rdma/rdma_shared_device_a"
 TOLERATE = [{"key": "nodeagent.io/fabric-unready", "operator": "Exists",

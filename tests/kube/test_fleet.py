@@ -16,9 +16,9 @@ from helpers import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from nodeagent.cli import main
-from nodeagent.fleet import add_arguments, fleet_rows, render_table, run
-from nodeagent.kubeapi import Counters, call
+from nodeagent.cli.fleet import add_arguments, fleet_rows, render_table, run
+from nodeagent.cli.main import main
+from nodeagent.kube.api import Counters, call
 
 KEY = "nodeagent.io/fabric-unready"
 RESOURCE = "rdma/rdma_shared_device_a"

@@ -13,8 +13,8 @@ from helpers import Netns, condition, read_status, stop_daemon, wait_for, write_
 from hungmount import HungMount, stuck_probes
 
 from nodeagent.config import parse_config
-from nodeagent.lustre import look
-from nodeagent.probes.lustre import BoundedRunner
+from nodeagent.io.commands import BoundedRunner
+from nodeagent.run.lustre import look
 
 
 def check(cfg_path: Path) -> tuple[int, dict[str, Any], float]:

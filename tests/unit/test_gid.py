@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from helpers import gid_text, make_gid_tree, roce_entries
 
-from nodeagent.checks.gid import GidShift, gid_finding
+from nodeagent.checks.gid import gid_finding
 from nodeagent.config import parse_config
-from nodeagent.model import DriftKind, GidEntry, GidTable, GidType, Pin
+from nodeagent.model import DriftKind, GidEntry, GidShift, GidTable, GidType, Pin
 from nodeagent.probes.gid import (
     entry_from_pyverbs,
     gid_type_from_entry,
@@ -325,7 +325,7 @@ def test_no_rails_is_not_configured() -> None:
 def test_event_passes_read_only_the_rails_devices(tmp_path: Path, monkeypatch: Any) -> None:
     """A device no rail uses is read at full passes (to find rails that moved), never in
     the event-driven ones: its stuck driver cannot cost them anything."""
-    import nodeagent.evaluate as evaluate
+    import nodeagent.run.evaluate as evaluate
 
     sysfs = tmp_path / "sys"
     make_gid_tree(sysfs, "mlx5_0", roce_entries("r0", "10.10.0.5"))

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeagent.fleet import fleet_rows, render_table
+from nodeagent.cli.fleet import fleet_rows, render_table
 
 
 def kubeconfig(tmp_path: Path, port: int) -> Path:
@@ -77,8 +77,8 @@ def trickling_server(head: bool) -> Iterator[int]:
 @pytest.mark.parametrize("head", [True, False], ids=["headers", "body"])
 def test_a_trickling_server_cannot_hold_a_request(tmp_path: Path, head: bool) -> None:
     from nodeagent.config import Kubernetes
-    from nodeagent.httpdeadline import DeadlineExceeded
-    from nodeagent.kubeapi import Counters, api_client, call
+    from nodeagent.io.http import DeadlineExceeded
+    from nodeagent.kube.api import Counters, api_client, call
 
     with trickling_server(head) as port:
         api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, port)), 1.5)

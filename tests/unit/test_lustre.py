@@ -8,7 +8,6 @@ from typing import Any
 
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.config import parse_config
-from nodeagent.lustre import look, look_and_repair
 from nodeagent.probes.lustre import (
     BoundedRunner,
     Health,
@@ -17,6 +16,7 @@ from nodeagent.probes.lustre import (
     parse_mountinfo,
     read_health,
 )
+from nodeagent.run.lustre import look, look_and_repair
 
 SRC = "10.0.0.1@o2ib:10.0.0.2@o2ib:/scratch"
 LUSTRE_LINE = ("98 29 0:52 / /lustre/scratch rw,relatime shared:50 - lustre "

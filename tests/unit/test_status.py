@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeagent.fsutil import write_json_atomic
+from nodeagent.io.files import write_json_atomic
 from nodeagent.publish.status import AlreadyRunning, DaemonLock, read_status, write_status
 
 
@@ -137,7 +137,7 @@ _status = st.fixed_dictionaries({}, optional={
 
 @given(_status | _json)
 def test_generated_status_files_never_crash_status(tmp_path_factory: Any, doc: Any) -> None:
-    from nodeagent.cli import main
+    from nodeagent.cli.main import main
 
     tmp = tmp_path_factory.mktemp("st")
     (tmp / "run").mkdir()

@@ -12,7 +12,9 @@ from collections.abc import Callable
 
 from nodeagent.checks.lustre import mount_problems
 from nodeagent.config import Config
-from nodeagent.probes.lustre import BoundedRunner, LustreObservation, observe_lustre
+from nodeagent.io.commands import BoundedRunner
+from nodeagent.model import LustreObservation
+from nodeagent.probes.lustre import observe_lustre
 from nodeagent.remedies.lustre import remount
 
 log = logging.getLogger(__name__)

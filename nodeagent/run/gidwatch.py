@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from nodeagent.fsutil import read_attribute
-from nodeagent.probes.bounded import BoundedReads, Stuck, Where
+from nodeagent.io.bounded import BoundedReads, Stuck, Where
+from nodeagent.io.files import read_attribute
 
 Slot = tuple[str, int, int]  # device, port, index
 

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nodeagent.config import parse_duration
-from nodeagent.fsutil import printable
-from nodeagent.kubefields import quantity, timestamp
+from nodeagent.io.files import printable
+from nodeagent.kube.fields import quantity, timestamp
 from nodeagent.model import (
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
@@ -168,12 +168,12 @@ class FleetSource:
     counters: Any = None
 
     def __post_init__(self) -> None:
-        from nodeagent.kubeapi import Counters
+        from nodeagent.kube.api import Counters
 
         self.counters = self.counters or Counters()
 
     def list_once(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        from nodeagent.kubeapi import call
+        from nodeagent.kube.api import call
 
         query = [("labelSelector", self.selector)] if self.selector else []
         nodes = call(self.api, self.counters, "GET", "/api/v1/nodes", query=query)
@@ -187,7 +187,7 @@ class FleetSource:
     def watch(self, redraw: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None],
               stop: threading.Event, coalesce: float = 0.5) -> None:
         """Calls `redraw` with the current objects after every burst of changes."""
-        from nodeagent.probes.kube import WatchedCollection
+        from nodeagent.kube.watch import WatchedCollection
 
         changed = threading.Event()
         query = [("labelSelector", self.selector)] if self.selector else []
@@ -232,7 +232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None = None) -> int:
     from nodeagent.config import Kubernetes
-    from nodeagent.kubeapi import api_client
+    from nodeagent.kube.api import api_client
 
     out = out or sys.stdout
     try:
@@ -258,7 +258,7 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
         try:
             objects = source.list_once()
         except Exception as exc:  # refused, 403, bad kubeconfig: one line, not a trace
-            from nodeagent.probes.kube import describe
+            from nodeagent.kube.watch import describe
 
             print(f"fleet: cannot list nodes and leases: {printable(describe(exc))}",
                   file=sys.stderr)

@@ -21,8 +21,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.kube_config import KubeConfigLoader
 
 from nodeagent.config import Kubernetes, safe_yaml
-from nodeagent.fsutil import CONFIG_MAX, parse_json_state, read_text_bounded
-from nodeagent.httpdeadline import TRACKED_POOLS, deadline
+from nodeagent.io.files import CONFIG_MAX, parse_json_state, read_text_bounded
+from nodeagent.io.http import TRACKED_POOLS, deadline
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
 REQUEST_DEADLINE = 15.0  # a whole request, headers and body: a trickling server cannot hold it

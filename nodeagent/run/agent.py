@@ -8,110 +8,39 @@ netlink overflow (ENOBUFS: events were lost) forces one.
 
 from __future__ import annotations
 
-import errno
 import logging
 import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pyroute2 import IPRoute
-from pyroute2.netlink.rtnl import (
-    RTMGRP_IPV4_IFADDR,
-    RTMGRP_IPV4_ROUTE,
-    RTMGRP_IPV4_RULE,
-    RTMGRP_IPV6_IFADDR,
-    RTMGRP_LINK,
-)
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
-from nodeagent.evaluate import Evaluator, PassPolicy, Repairs, Report, fabric_pass
-from nodeagent.fsutil import descriptor_faults
-from nodeagent.lustre import LustreMonitor
-from nodeagent.model import FABRIC_READY, RailObservation
-from nodeagent.probes.gidwatch import GidSlotWatcher
+from nodeagent.io.files import descriptor_faults
+from nodeagent.io.systemd import CONDITION, REASON, Notifier
+from nodeagent.model import FABRIC_READY, RailObservation, Report
 from nodeagent.probes.netlink import deletion_from_msg, link_from_msg
 from nodeagent.publish.node import rfc3339
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
-from nodeagent.systemd import CONDITION, REASON, Notifier
+from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
+from nodeagent.run.gidwatch import GidSlotWatcher
+from nodeagent.run.lustre import LustreMonitor
+from nodeagent.run.netlink import NetlinkMonitor
+from nodeagent.run.work import Work
 
 if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
-    from nodeagent.deviceplugin import DevicePluginMonitor
     from nodeagent.publish.metrics import AgentMetrics
+    from nodeagent.run.deviceplugin import DevicePluginMonitor
 
 log = logging.getLogger(__name__)
 
 RELOAD_SLOW = 5.0  # a SIGHUP reload still reading the config after this is reported
-GROUPS = (
-    RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE | RTMGRP_IPV4_RULE
-)
-
-
-@dataclass(frozen=True)
-class Work:
-    kind: str  # "event" | "resync" | "reload" (SIGHUP) | "reloaded" (config read, or why not)
-    #   | "stop" | "status" (rewrite status file)
-    #   | "gid" (a watched slot changed) | "lustre" | "deviceplugin" (new observations)
-    msg: Any = None
-
-
-class NetlinkMonitor(threading.Thread):
-    """Blocks on rtnetlink multicast and forwards every message; never raises."""
-
-    def __init__(self, out: queue.SimpleQueue[Work], rcvbuf: int) -> None:
-        super().__init__(name="netlink-monitor", daemon=True)
-        self.out = out
-        self.rcvbuf = rcvbuf
-        self.ready = threading.Event()
-        # One queued resync serves any number of overflows: a storm of ENOBUFS (tens of
-        # thousands a second while the kernel floods the socket) must not flood the loop.
-        self.resync_pending = threading.Event()
-
-    def _resync(self) -> None:
-        if not self.resync_pending.is_set():
-            self.resync_pending.set()
-            self.out.put(Work("resync"))
-
-    def run(self) -> None:
-        self._overflows, self._last_log = 0, 0.0
-        while True:
-            try:
-                with IPRoute(rcvbuf=self.rcvbuf) as ipr:
-                    ipr.bind(groups=GROUPS)
-                    self.ready.set()
-                    self._pump(ipr)
-            except Exception as exc:  # a broken socket: reopen, and resync what we missed
-                log.error("netlink monitor failed (%s); reopening", exc)
-                self._resync()
-                time.sleep(1.0)
-
-    def _pump(self, ipr: Any) -> None:
-        """Forwards events until the socket overflows; then returns so run() opens a fresh
-        one. (Read on after ENOBUFS, pyroute2's socket kept raising it, tens of thousands
-        of times a second, and later events came late or not at all: measured with 2,000
-        addresses added at once.)"""
-        while True:
-            try:
-                msgs = ipr.get()
-            except OSError as exc:
-                if exc.errno == errno.ENOBUFS:
-                    # The kernel dropped events: we no longer know what changed.
-                    self._resync()
-                    self._overflows += 1
-                    if time.monotonic() - self._last_log >= 1.0:  # a storm logs once a second
-                        log.warning("netlink receive buffer overflowed (%d times); full resync",
-                                    self._overflows)
-                        self._overflows, self._last_log = 0, time.monotonic()
-                    return
-                raise
-            for msg in msgs:
-                self.out.put(Work("event", msg))
 
 
 def summary(report: Report) -> str:
@@ -447,7 +376,7 @@ class Agent:
         kcfg = self.cfg.kubernetes
         if kcfg is None:
             return
-        from nodeagent.kubeapi import api_client
+        from nodeagent.kube.api import api_client
         from nodeagent.publish.kube import NodeWriter
 
         node = self.cfg.resolved_node_name()
@@ -476,7 +405,7 @@ class Agent:
             self.work.put(Work("deviceplugin", (obs, seen)))
 
         cfg = self.cfg
-        from nodeagent.deviceplugin import DevicePluginMonitor, plugin_reader
+        from nodeagent.run.deviceplugin import DevicePluginMonitor, plugin_reader
 
         self.plugin_monitor = DevicePluginMonitor(
             cfg, lambda wake: plugin_reader(cfg, on_change=wake), deliver)

@@ -28,63 +28,31 @@ from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import deletion_drift, network_finding, rail_drift
 from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
 from nodeagent.config import Config, Rail
-from nodeagent.fsutil import describe_error
+from nodeagent.io.bounded import BoundedReads, Stuck
+from nodeagent.io.files import describe_error
+from nodeagent.io.systemd import RAIL
 from nodeagent.model import (
-    FABRIC_READY,
     Deletion,
     DevicePluginObservation,
     Drift,
     Finding,
     GidTable,
+    LustreObservation,
     QueuePairs,
     RailCounters,
     RailObservation,
+    Report,
 )
-from nodeagent.probes.bounded import BoundedReads, Stuck
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
-from nodeagent.probes.lustre import LustreObservation
 from nodeagent.probes.netlink import observe_rails
 from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.state import load_pins, save_pins
-from nodeagent.systemd import RAIL
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Report:
-    """What check/apply print with --json and what the status file holds."""
-
-    node: str
-    findings: list[Finding]
-    actions: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    gid_source: str = "none"
-    rails: list[dict[str, Any]] = field(default_factory=list)
-    labels: dict[str, str] = field(default_factory=dict)  # hardware fingerprint for the Node
-
-    @property
-    def ok(self) -> bool:
-        """FabricReady: every condition that gates the node (the informational
-        FabricTrafficOnRDMA only when configured to gate)."""
-        fabric = [f for f in self.findings if f.type == FABRIC_READY]
-        return all(f.ok for f in fabric or self.findings)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "ok": self.ok,
-            "conditions": [f.as_dict() for f in self.findings],
-            "actions": list(self.actions),
-            "errors": list(self.errors),
-            "gid_source": self.gid_source,
-            "rails": self.rails,
-            "labels": dict(self.labels),
-        }
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import is_ready, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry
-from nodeagent.fsutil import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
+from nodeagent.io.files import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
 
@@ -35,7 +35,7 @@ def plugin_reader(
 
     def reader(dp: DevicePlugin) -> Any:
         if dp not in readers:
-            from nodeagent.kubeapi import api_client  # kubernetes only when configured
+            from nodeagent.kube.api import api_client  # kubernetes only when configured
             from nodeagent.probes.kube import KubeReader, WatchingReader
 
             for old in readers.values():

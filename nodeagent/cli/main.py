@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from nodeagent.alerts import Windows
+from nodeagent.cli.alerts import Windows
+from nodeagent.cli.fleet import add_arguments as add_fleet_arguments
 from nodeagent.config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -22,8 +23,7 @@ from nodeagent.config import (
     load_config,
     parse_config,
 )
-from nodeagent.fleet import add_arguments as add_fleet_arguments
-from nodeagent.fsutil import describe_error, printable
+from nodeagent.io.files import describe_error, printable
 
 EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
 
@@ -106,7 +106,7 @@ def _ipr() -> Any:
 
 
 def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
-    from nodeagent.evaluate import Evaluator, Repairs, fabric_pass
+    from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
 
     cfg = _load(args.config)
     if getattr(args, "config_only", False):
@@ -123,13 +123,13 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
         evaluator = Evaluator(cfg, ipr, persist_pins=repair and not dry_run)
         early = Repairs()  # the mounts, read (and remounted) before the pass judges them
         if cfg.lustre:
-            from nodeagent.lustre import look_and_repair
-            from nodeagent.probes.lustre import BoundedRunner
+            from nodeagent.io.commands import BoundedRunner
+            from nodeagent.run.lustre import look_and_repair
 
             evaluator.lustre, early.other, early.errors = look_and_repair(
                 cfg, BoundedRunner(), repair=repair and not dry_run)
         if cfg.kubernetes is not None and cfg.device_plugin is not None:
-            from nodeagent.deviceplugin import load_seen_ready, plugin_reader
+            from nodeagent.run.deviceplugin import load_seen_ready, plugin_reader
 
             evaluator.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
             evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
@@ -140,9 +140,9 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from nodeagent.agent import Agent
+    from nodeagent.io.systemd import setup_logging
     from nodeagent.publish.status import AlreadyRunning, DaemonLock
-    from nodeagent.systemd import setup_logging
+    from nodeagent.run.agent import Agent
 
     setup_logging(args.log_level)  # the journal with structured fields under systemd
     path = args.config or default_config_path()
@@ -216,7 +216,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_alerts(args: argparse.Namespace) -> int:
     import yaml
 
-    from nodeagent.alerts import alert_groups, prometheus_rule, rules_file
+    from nodeagent.cli.alerts import alert_groups, prometheus_rule, rules_file
 
     # Without --config the defaults: rules can be made on a workstation with no agent.
     cfg = _load(args.config) if args.config else parse_config({})
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "alerts":
             return cmd_alerts(args)
         if args.command == "fleet":
-            from nodeagent.fleet import run as run_fleet
+            from nodeagent.cli.fleet import run as run_fleet
 
             return run_fleet(args)
         return cmd_status(args)

@@ -1,0 +1,1 @@
+"""User-facing commands: nodeagent (main), kubectl fabric (fleet), alerts."""

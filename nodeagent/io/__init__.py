@@ -1,0 +1,1 @@
+"""Bounded I/O with the host: files, HTTP deadlines, child processes, systemd."""

@@ -1,0 +1,1 @@
+"""Kubernetes API client plumbing: the client, watches and field parsing."""

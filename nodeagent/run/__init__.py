@@ -1,0 +1,1 @@
+"""The daemon: its loop, the one pass and the sources that feed it."""
