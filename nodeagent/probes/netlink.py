@@ -25,6 +25,7 @@ from nodeagent.model import (
 from nodeagent.probes.sysctl import read_rail_sysctls
 
 IFF_UP = 0x1
+RTEXT_FILTER_SKIP_STATS = 1 << 3  # the kernel leaves the link statistics out
 
 
 def link_from_msg(msg: Any) -> LinkState:
@@ -111,13 +112,23 @@ def observe_rails(
         got = {n: ran[f"sysctl:{n}"] for n in calls}
     sysctls = {n: (dict.fromkeys(sysctl_keys.get(n, [])) if isinstance(v, Stuck) else v)
                for n, v in got.items()}
-    links = {str(m.get("ifname")): link_from_msg(m) for m in ipr.get_links()}
+    # One dump per object kind, whatever the number of rails: pyroute2 filters route dumps
+    # by table in user space (each table asked for separately was a dump of every route).
+    links = {str(m.get("ifname")): link_from_msg(m)
+             for m in ipr.get_links(ext_mask=RTEXT_FILTER_SKIP_STATS)}
     addrs: dict[int, list[AddressInfo]] = {}
     for msg in ipr.get_addr():
         info = _addr_from_msg(msg)
         if info is not None:
             addrs.setdefault(int(msg["index"]), []).append(info)
     rules = [_rule_from_msg(m) for m in ipr.get_rules(family=socket.AF_INET)]
+    tables = {rail.table for rail in rails if rail.table is not None}
+    routes: dict[int, list[RouteInfo]] = {}
+    if tables:
+        for msg in ipr.get_routes(family=socket.AF_INET):
+            route = _route_from_msg(msg)
+            if route.table in tables:
+                routes.setdefault(route.table, []).append(route)
 
     observed: dict[str, RailObservation] = {}
     for rail in rails:
@@ -125,19 +136,12 @@ def observe_rails(
         if link is None:
             observed[rail.name] = RailObservation(rail=rail.name, link=None)
             continue
-        routes: tuple[RouteInfo, ...] = ()
-        if rail.table is not None:
-            routes = tuple(
-                _route_from_msg(m)
-                for m in ipr.get_routes(table=rail.table, family=socket.AF_INET)
-                if int(m.get("table") or m["table"]) == rail.table
-            )
         own_src = f"{rail.ip}/32"
         observed[rail.name] = RailObservation(
             rail=rail.name,
             link=link,
             addresses=tuple(addrs.get(link.index, ())),
-            routes=routes,
+            routes=tuple(routes.get(rail.table, ())) if rail.table is not None else (),
             rules=tuple(
                 r for r in rules if r.src == own_src or (rail.table and r.table == rail.table)
             ),

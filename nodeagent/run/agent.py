@@ -8,6 +8,7 @@ netlink overflow (ENOBUFS: events were lost) forces one.
 
 from __future__ import annotations
 
+import gc
 import logging
 import queue
 import signal
@@ -88,6 +89,7 @@ class Agent:
         self.clock = clock
         self.work: queue.SimpleQueue[Work] = queue.SimpleQueue()
         self.passes = 0
+        self.probe_seconds: dict[str, float] = {}  # probe -> seconds, the latest of each
         self.last_pass_seconds = 0.0
         self._stopping = False
         self._ipr: Any = None
@@ -218,6 +220,8 @@ class Agent:
             src = msg.get("src")
             if src in self.by_ip:
                 hit.add(self.by_ip[src])
+        if ("ADDR" in event or "LINK" in event) and hit:
+            self.evaluator.mark_gid_stale()  # the kernel's GID work follows these
         if "ADDR" in event and hit and self.gid_watcher is not None:
             # The kernel's GID work follows an address change asynchronously: look at the
             # slots closely until the table has settled.
@@ -294,6 +298,8 @@ class Agent:
                                       policy=DaemonPolicy(self))
         self.passes += 1
         self.last_pass_seconds = time.perf_counter() - started
+        # A fact that was fresh needs no read: the status shows each probe's latest time.
+        self.probe_seconds.update(self.evaluator.timings)
         if self.metrics is not None:
             self.metrics.observe_pass(
                 {**self.evaluator.timings, "pass": self.last_pass_seconds},
@@ -327,7 +333,7 @@ class Agent:
                 rail["carrier_losses_total"] = tracker.total
                 rail["carrier_losses_in_window"] = tracker.in_window(self.clock())
             rail["repairs_total"] = dict(self.repair_counts.get(rail["name"], {}))
-        data["probe_seconds"] = {k: round(v, 6) for k, v in self.evaluator.timings.items()}
+        data["probe_seconds"] = {k: round(v, 6) for k, v in self.probe_seconds.items()}
         lustre = self.evaluator.lustre
         if lustre is not None:
             data["lustre"] = [{"mountpoint": mp, "probe_seconds": round(r.seconds, 6),
@@ -441,6 +447,11 @@ class Agent:
                     self.cfg.paths.sysfs, lambda: self.work.put(Work("gid")))
                 self.gid_watcher.start()
             first = self.run_pass(None)
+            # What startup made (modules, config, clients) lives as long as the daemon: out
+            # of the collector's sight, a full collection no longer walks it (a pause in
+            # the middle of a repair otherwise).
+            gc.collect()
+            gc.freeze()
             log.info("first pass done: %s", "fabric ok" if first.ok else "fabric NOT ok")
             # Ordering on this unit means the fabric has been checked once.
             self.notifier.ready(summary(first))
@@ -490,6 +501,7 @@ class Agent:
                         self.evaluator.plugin_seen_ready = seen
                         judge_only = True
                     elif item.kind == "gid":  # a watched GID slot changed, no event said so
+                        self.evaluator.mark_gid_stale()
                         judge_only = True
                     elif item.kind == "lustre":
                         self.evaluator.lustre, remounted = item.msg
@@ -503,6 +515,7 @@ class Agent:
                 if self._stopping:
                     break
                 if full:
+                    self.evaluator.mark_gid_stale(everywhere=True)  # resync: read it all
                     self.run_pass(None, early)
                     next_resync = self.clock() + self.cfg.resync_interval
                 elif rails:

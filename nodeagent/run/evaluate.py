@@ -54,6 +54,8 @@ from nodeagent.state import load_pins, save_pins
 
 log = logging.getLogger(__name__)
 
+COUNTERS_EVERY = 1.0  # seconds: event-driven passes in a burst share one counter sample
+
 
 @dataclass
 class Repairs:
@@ -111,8 +113,9 @@ def fabric_pass(
     policy: PassPolicy | None = None,
 ) -> tuple[Report, Repairs]:
     """The one pass `check`, `apply` and the daemon all run: probe the rails (default all;
-    an empty set probes none and judges the latest facts) -> repair their drift -> re-probe
-    what was repaired -> judge -> re-pin a shifted GID that nothing uses -> judge again.
+    an empty set probes none) -> repair their drift -> re-probe what was repaired -> refresh
+    the facts that are stale (GID table, counters, fingerprint) -> judge (pure) -> keep
+    learned pins -> re-pin a shifted GID that nothing uses -> re-observe -> judge again.
 
     `early` holds what was repaired before the pass (from events, remounts): it is reported
     with the rest. Returns the report and every repair it reports."""
@@ -127,14 +130,18 @@ def fabric_pass(
     repairs.merge(probed)
     overrides = policy.overrides()  # the guard and flap verdicts after this pass's repairs
     full = rails is None
-    report = evaluator.judge(repairs, overrides, full=full)
+    facts = evaluator.observe_facts(full=full)
+    report = evaluator.judge(repairs, overrides, facts)
+    evaluator.keep_learned_pins(report)
     if repair:
         repinned = evaluator.repin(dry_run=dry_run, skip_repair=paused)
         if repinned.done or repinned.errors:
             if not dry_run:
                 policy.repaired(repinned, ours=True)
             repairs.merge(repinned)
-            report = evaluator.judge(repairs, overrides, full=full)
+            facts = evaluator.observe_facts(full=full)
+            report = evaluator.judge(repairs, overrides, facts)
+            evaluator.keep_learned_pins(report)
     return report, repairs
 
 
@@ -150,6 +157,12 @@ class Evaluator:
         self.state_problems = loaded.problems  # reported until the pins are saved anew
         self._pins_unsaved = False  # a learned pin that did not reach the disk yet
         self.gid_table = GidTable(source="none")
+        # The whole table is read only when it may have changed: at first, at resync and
+        # after an overflow (everywhere), after an address or link event or a repair on a
+        # rail, or when a watched slot changed (the rails' devices).
+        self._gid_stale_everywhere = True
+        self._gid_stale_rails = True
+        self._counters_at: float | None = None  # when the byte counters were last sampled
         self.gid_verdict: GidVerdict | None = None  # the latest, for re-pinning
         self.qps: QueuePairs | None = None  # looked at only while a GID is shifted
         self._repin_next: dict[str, float] = {}  # rail -> earliest next re-pin attempt
@@ -175,6 +188,12 @@ class Evaluator:
         self.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs, keys,
                                                self.reads))
         self.timings["netlink"] = time.perf_counter() - started
+
+    def mark_gid_stale(self, everywhere: bool = False) -> None:
+        """The GID table may have changed: read it again in the next pass (the rails'
+        devices, or every device)."""
+        self._gid_stale_rails = True
+        self._gid_stale_everywhere = self._gid_stale_everywhere or everywhere
 
     def ifindex(self, rail: str) -> int | None:
         obs = self.observations.get(rail)
@@ -210,6 +229,7 @@ class Evaluator:
             out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         if out.done and not dry_run:
             self._observe(self.rails[n] for n in out.done)
+            self.mark_gid_stale()  # the kernel follows a changed address with its GIDs
         return out
 
     def repair_deletion(self, gone: Deletion, rails: Iterable[str],
@@ -227,6 +247,8 @@ class Evaluator:
             actions = plan_rail(self.cfg, rail, ifindex, drift) if drift else []
             if actions:
                 out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
+        if out.done:
+            self.mark_gid_stale()
         return out
 
     def repin(
@@ -266,18 +288,49 @@ class Evaluator:
                                                      reads=self.reads))
         return found[0].index if found else None
 
+    def observe_facts(self, full: bool = True) -> list[str]:
+        """Refresh what is stale besides the rails' netlink state: the GID table (see
+        mark_gid_stale; unless `full`, only the devices the rails were last seen on, so a
+        device no rail uses cannot cost an event-driven pass anything, not even a stuck
+        read), the QPs while a GID is shifted, the byte counters (every pass that is full,
+        else at most once a second) and the hardware fingerprint. Returns the problems met
+        (unreadable facts), for the judgement."""
+        cfg = self.cfg
+        errors: list[str] = []
+        everywhere = full and self._gid_stale_everywhere
+        if everywhere or self._gid_stale_rails:
+            devices = None if everywhere else self._rail_devices()
+            started = time.perf_counter()
+            self.gid_table = (
+                read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
+                if cfg.rails else GidTable(source="none"))
+            self.timings["gid"] = time.perf_counter() - started
+            self._gid_stale_rails = False
+            if devices is None:
+                self._gid_stale_everywhere = False
+        errors.extend(self.gid_table.errors)
+        self.qps = None
+        if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins).shifts:
+            started = time.perf_counter()
+            self.qps = read_qps(cfg.paths.rdma)
+            self.timings["qps"] = time.perf_counter() - started
+        now = self.clock()
+        if full or self._counters_at is None or now - self._counters_at >= COUNTERS_EVERY:
+            self._sample_counters(errors)
+            self._counters_at = now
+        self._fingerprint(errors)
+        return errors
+
     def judge(
         self,
         repairs: Repairs | None = None,
         overrides: Mapping[str, tuple[str, str]] | None = None,
-        full: bool = True,
+        facts: Iterable[str] = (),
     ) -> Report:
-        """Findings for every rail from the latest observations.
+        """Findings for every rail from the latest observations, reading nothing.
 
         `overrides` carries the daemon's time-based verdicts (LinkFlapping,
-        ManagedElsewhere) into RoCENetworkReady. Unless `full`, only the GID tables of the
-        devices the rails were last seen on are read (a device no rail uses cannot cost an
-        event-driven pass anything, not even a stuck read).
+        ManagedElsewhere) into RoCENetworkReady; `facts` the problems observe_facts met.
         """
         repairs = repairs or Repairs()
         drift = {
@@ -285,10 +338,27 @@ class Evaluator:
             for n, obs in self.observations.items()
             if n in self.rails
         }
-        report = self._report(drift, overrides, list(repairs.errors),
-                              None if full else self._rail_devices())
+        report = self._report(drift, overrides, [*repairs.errors, *facts])
         report.actions = repairs.texts()
         return report
+
+    def keep_learned_pins(self, report: Report) -> None:
+        """Pins the latest judgement learned are kept, and saved unless this is a check.
+        Retried every pass until the save lands: a pin lost to a full disk would let a
+        restart learn a shifted GID as the new pin."""
+        verdict = self.gid_verdict
+        if verdict is not None and verdict.learned:
+            self.pins.update(verdict.learned)
+            self._pins_unsaved = True
+        if self._pins_unsaved and self.persist_pins:
+            try:
+                save_pins(self.cfg, self.pins)
+            except OSError as exc:
+                report.errors.append(f"cannot save learned GID pins in {self.cfg.state_dir} "
+                                     f"(retried every pass): {describe_error(exc)}")
+            else:
+                self._pins_unsaved = False
+                self.state_problems = []
 
     def _rail_port(self, rail: Rail) -> tuple[str | None, int]:
         """The RDMA device and port a rail uses: configured, else where its GIDs were last
@@ -323,46 +393,18 @@ class Evaluator:
         drift: Mapping[str, list[Drift]],
         overrides: Mapping[str, tuple[str, str]] | None,
         errors: list[str],
-        devices: list[str] | None = None,
     ) -> Report:
         cfg = self.cfg
         net = network_finding(cfg, drift, overrides)
-        started = time.perf_counter()
-        self.gid_table = (
-            read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
-            if cfg.rails
-            else (GidTable(source="none"))
-        )
-        self.timings["gid"] = time.perf_counter() - started
-        errors.extend(self.gid_table.errors)
-        verdict = gid_finding(cfg, self.gid_table, self.pins)
-        if verdict.shifts and cfg.gid_repin == "auto":
-            started = time.perf_counter()
-            self.qps = read_qps(cfg.paths.rdma)
-            self.timings["qps"] = time.perf_counter() - started
-            verdict = gid_finding(cfg, self.gid_table, self.pins, self.qps)
+        verdict = gid_finding(cfg, self.gid_table, self.pins, self.qps)
         self.gid_verdict = verdict
         for name in list(self._repin_attempts):
             if name not in verdict.shifts:
                 del self._repin_attempts[name]  # back on its pin: start afresh next time
-        if verdict.learned:
-            self.pins.update(verdict.learned)
-            self._pins_unsaved = True
-        if self._pins_unsaved and self.persist_pins:
-            # Retried every pass until it lands: a pin lost to a full disk would let a
-            # restart learn a shifted GID as the new pin.
-            try:
-                save_pins(cfg, self.pins)
-            except OSError as exc:
-                errors.append(f"cannot save learned GID pins in {cfg.state_dir} (retried "
-                              f"every pass): {describe_error(exc)}")
-            else:
-                self._pins_unsaved = False
-                self.state_problems = []
         errors.extend(self.state_problems)
         plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
         parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
-        traffic = self._traffic(errors)
+        traffic = self._traffic()
         gated = [*parts, traffic] if cfg.fabric_traffic and cfg.fabric_traffic.gate else parts
         findings = [*parts, fabric_finding(gated), traffic]
         rails = []
@@ -391,10 +433,10 @@ class Evaluator:
             errors=errors,
             gid_source=self.gid_table.source,
             rails=rails,
-            labels=self._fingerprint(errors),
+            labels=dict(self._labels),
         )
 
-    def _fingerprint(self, errors: list[str]) -> dict[str, str]:
+    def _fingerprint(self, errors: list[str]) -> None:
         """The hardware labels. Hardware does not change between an event and its repair:
         read at most once per resync interval, or when the rails' devices change. A read
         that does not return keeps the labels already known."""
@@ -407,14 +449,13 @@ class Evaluator:
                 read_fingerprint, self.cfg.paths.sysfs, list(devices), netdevs))
             if isinstance(seen, Stuck):
                 errors.append(seen.describe())
-                return dict(self._labels)
+                return
             self._labels = fingerprint_labels(seen)
             self._labels_key, self._labels_next = devices, now + self.cfg.resync_interval
-        return dict(self._labels)
 
-    def _traffic(self, errors: list[str]) -> Finding:
-        """Samples every rail's byte counters, then judges FabricTrafficOnRDMA. A rail whose
-        counters do not answer keeps no sample this pass (its verdict waits)."""
+    def _sample_counters(self, errors: list[str]) -> None:
+        """Every rail's byte counters, into the traffic history. A rail whose counters do
+        not answer keeps no sample (its verdict waits)."""
         cfg = self.cfg
         started = time.perf_counter()
         calls = {}
@@ -429,11 +470,16 @@ class Evaluator:
             else:
                 self.counters[rail.name] = got
         self.timings["counters"] = time.perf_counter() - started
+        if cfg.fabric_traffic is not None:
+            self.traffic.observe(self.clock(), cfg.fabric_traffic.window, self.counters)
+
+    def _traffic(self) -> Finding:
+        """FabricTrafficOnRDMA from the traffic history and the node's pods."""
+        cfg = self.cfg
         now = self.clock()
         ft = cfg.fabric_traffic
         if ft is None:
             return traffic_finding(cfg, self.traffic, now, self.counters, None, "")
-        self.traffic.observe(now, ft.window, self.counters)
         expected: bool | None
         if ft.expect != "pods":
             expected, why = ft.expect == "always", f"fabric_traffic.expect is {ft.expect}"

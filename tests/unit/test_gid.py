@@ -323,8 +323,9 @@ def test_no_rails_is_not_configured() -> None:
 
 
 def test_event_passes_read_only_the_rails_devices(tmp_path: Path, monkeypatch: Any) -> None:
-    """A device no rail uses is read at full passes (to find rails that moved), never in
-    the event-driven ones: its stuck driver cannot cost them anything."""
+    """The table is read only when something says it may have changed; a device no rail
+    uses is read at full passes (to find rails that moved), never in the event-driven
+    ones: its stuck driver cannot cost them anything."""
     import nodeagent.run.evaluate as evaluate
 
     sysfs = tmp_path / "sys"
@@ -343,7 +344,13 @@ def test_event_passes_read_only_the_rails_devices(tmp_path: Path, monkeypatch: A
 
     monkeypatch.setattr(evaluate, "read_gid_table", spy)
     ev = evaluate.Evaluator(cfg, ipr=None, persist_pins=False)
-    ev.judge(full=False)  # the rail's device is not known yet: everything is read
-    ev.judge(full=False)
-    ev.judge(full=True)
-    assert seen == [None, ["mlx5_0"], None]
+    ev.observe_facts(full=False)  # the rail's device is not known yet: everything is read
+    ev.observe_facts(full=False)  # nothing said the table changed: nothing is read
+    ev.mark_gid_stale()  # an address event, a repair or a watched slot
+    ev.observe_facts(full=False)
+    ev.observe_facts(full=True)  # read everywhere since: a full pass reads nothing either
+    ev.mark_gid_stale(everywhere=True)  # the resync timer, an overflow
+    ev.observe_facts(full=False)  # an event pass still reads only the rails' device
+    ev.observe_facts(full=True)
+    ev.observe_facts(full=True)
+    assert seen == [None, ["mlx5_0"], ["mlx5_0"], None]
