@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.kit.helpers import make_gid_tree, roce_entries
 
-from helpers import make_gid_tree, roce_entries  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 INSIDE = "NODEAGENT_BENCH_INSIDE"
 

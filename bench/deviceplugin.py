@@ -15,22 +15,18 @@ Usage: .venv/bin/python bench/deviceplugin.py registry|api|check [options]
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, summary
-
-sys.path.insert(0, str(ROOT / "tests" / "kube"))
-
-from apiserver import start_apiserver
+from common import summary
 from kubernetes import client as k8s
-from registry_env import start_registry
 
 from nodeagent.config import DevicePlugin
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.probes.registry import RegistryClient
+from tests.kit.apiserver import start_apiserver
+from tests.kit.registry_env import start_registry
 
 
 def bench_registry(n: int) -> None:

@@ -8,20 +8,16 @@ Usage: .venv/bin/python bench/fleet.py [--nodes 1000] [--runs 10]
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import ROOT, summary
-
-sys.path.insert(0, str(ROOT / "tests" / "kube"))
-
-from apiserver import ApiServer, start_apiserver
+from common import summary
 
 from nodeagent.cli.fleet import FleetSource, fleet_rows, render
 from nodeagent.kube.api import Counters, call
+from tests.kit.apiserver import ApiServer, start_apiserver
 
 CONDITIONS = ("RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
               "FabricReady")

@@ -13,16 +13,14 @@ Usage: sudo .venv/bin/python bench/gid_shift.py [--count 50]
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, summary
+from common import summary
+from kube_publish import TaintWatcher, start_server
 
-sys.path.insert(0, str(ROOT / "tests" / "kube"))
-
-from helpers import (
+from tests.kit.helpers import (
     LoopbackBridge,
     make_gid_tree,
     new_netns,
@@ -32,7 +30,6 @@ from helpers import (
     wait_for,
     write_config,
 )
-from kube_publish import TaintWatcher, start_server
 
 
 def main() -> None:

@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from common import ROOT, summary
-
-sys.path.insert(0, str(ROOT / "tests" / "kube"))
-
-from apiserver import AGENT_GROUP, ApiServer, build_testenv
+from common import summary
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
@@ -33,6 +28,7 @@ from nodeagent.config import Kubernetes
 from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding, Report
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
+from tests.kit.apiserver import AGENT_GROUP, ApiServer, build_testenv
 
 KEY = "nodeagent.io/fabric-unready"
 

@@ -8,18 +8,15 @@ Usage: .venv/bin/python bench/lab.py [--count 100]
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from common import ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "lab"))
-
-from helpers import wait_for
-from labkit import addresses, start_agent
-from vm import boot, build_image, wheelhouse
+from tests.kit.helpers import wait_for
+from tests.kit.labkit import addresses, start_agent
+from tests.kit.vm import boot, build_image, wheelhouse
 
 
 def main() -> None:

@@ -1,16 +1,13 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from helpers import Netns, make_gid_tree, new_netns, roce_entries
-from registry_env import DOCKER_MANIFEST, Registry, start_registry
+from tests.kit.helpers import Netns, make_gid_tree, new_netns, roce_entries
+from tests.kit.registry_env import DOCKER_MANIFEST, Registry, start_registry
 
 
 @pytest.fixture

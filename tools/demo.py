@@ -15,8 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from helpers import make_gid_tree, roce_entries  # the fixture GID tree writer
+from tests.kit.helpers import make_gid_tree, roce_entries  # the fixture GID tree writer
 
 NS = f"nodeagent-demo-{os.getpid()}"
 PY = sys.executable

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import ApiServer, start_apiserver
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
+
+from tests.kit.apiserver import ApiServer, start_apiserver
 
 
 def wait_policy_enforced(server: ApiServer, timeout: float = 60.0) -> None:

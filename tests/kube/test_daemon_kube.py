@@ -8,10 +8,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from apiserver import ApiServer, node_json
-from helpers import LoopbackBridge, Netns, read_status, stop_daemon, wait_for, write_config
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, our_taint
+
+from tests.kit.apiserver import ApiServer, node_json
+from tests.kit.helpers import (
+    LoopbackBridge,
+    Netns,
+    read_status,
+    stop_daemon,
+    wait_for,
+    write_config,
+)
 
 
 def test_daemon_publishes_taints_on_faults_and_survives_restarts(

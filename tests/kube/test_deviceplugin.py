@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import ApiServer, node_json
-from helpers import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from registry_env import Registry
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.config import Config, parse_config
 from nodeagent.model import Finding
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.run.deviceplugin import plugin_reader
+from tests.kit.apiserver import ApiServer, node_json
+from tests.kit.helpers import wait_for
+from tests.kit.registry_env import Registry
 
 NS, DS, RESOURCE = "kube-system", "rdma-shared-dp-ds", "rdma/rdma_shared_device_a"
 TOLERATE = [{"key": "nodeagent.io/fabric-unready", "operator": "Exists",

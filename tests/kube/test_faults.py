@@ -6,8 +6,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from apiserver import ApiServer, build_testenv, node_json, start_apiserver
-from helpers import wait_for
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, kcfg, our_taint, report
 
@@ -18,6 +16,8 @@ from nodeagent.model import Report
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
+from tests.kit.apiserver import ApiServer, build_testenv, node_json, start_apiserver
+from tests.kit.helpers import wait_for
 
 
 @pytest.fixture

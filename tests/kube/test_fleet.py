@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apiserver import ApiServer
-from helpers import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from nodeagent.cli.fleet import add_arguments, fleet_rows, render_table, run
 from nodeagent.cli.main import main
 from nodeagent.kube.api import Counters, call
+from tests.kit.apiserver import ApiServer
+from tests.kit.helpers import wait_for
 
 KEY = "nodeagent.io/fabric-unready"
 RESOURCE = "rdma/rdma_shared_device_a"

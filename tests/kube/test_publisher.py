@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from apiserver import ApiServer, node_json
-from helpers import wait_for
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -19,6 +17,8 @@ from nodeagent.config import Kubernetes
 from nodeagent.model import CONDITION_TYPES, FABRIC_READY, ROCE_NETWORK_READY, Finding, Report
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
+from tests.kit.apiserver import ApiServer, node_json
+from tests.kit.helpers import wait_for
 
 KEY = "nodeagent.io/fabric-unready"
 MERGE = "application/merge-patch+json"

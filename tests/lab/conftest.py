@@ -1,14 +1,11 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from vm import VM, boot, build_image, wheelhouse
+from tests.kit.vm import VM, boot, build_image, wheelhouse
 
 HERE = Path(__file__).parent
 GUEST = HERE / "guest"

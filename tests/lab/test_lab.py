@@ -10,8 +10,8 @@ import random
 import threading
 import time
 
-from helpers import wait_for
-from labkit import (
+from tests.kit.helpers import wait_for
+from tests.kit.labkit import (
     addresses,
     condition,
     hold_qp,
@@ -22,7 +22,7 @@ from labkit import (
     start_agent,
     status,
 )
-from vm import VM
+from tests.kit.vm import VM
 
 # ---------------------------------------------------------------- 1. reproductions
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 import yaml
-from labkit import RAILS
-from vm import VM
+
+from tests.kit.labkit import RAILS
+from tests.kit.vm import VM
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"

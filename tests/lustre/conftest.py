@@ -5,8 +5,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import fuse_mount
 from hungmount import HERE, SOURCE, HungMount
+
+from tests.kit.helpers import fuse_mount
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import Netns, condition, read_status, stop_daemon, wait_for, write_config
 from hungmount import HungMount, stuck_probes
 
 from nodeagent.config import parse_config
 from nodeagent.io.commands import BoundedRunner
 from nodeagent.run.lustre import look
+from tests.kit.helpers import Netns, condition, read_status, stop_daemon, wait_for, write_config
 
 
 def check(cfg_path: Path) -> tuple[int, dict[str, Any], float]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from helpers import Netns, condition, write_config
+from tests.kit.helpers import Netns, condition, write_config
 
 
 def run_json(ns: Netns, verb: str, cfg: Path, *extra: str) -> tuple[int, dict[str, Any]]:

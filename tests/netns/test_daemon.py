@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Netns, condition, daemon_log, read_status, stop_daemon, wait_for, write_config
+
+from tests.kit.helpers import (
+    Netns,
+    condition,
+    daemon_log,
+    read_status,
+    stop_daemon,
+    wait_for,
+    write_config,
+)
 
 
 def status_of(cfg: dict[str, Any]) -> dict[str, Any] | None:

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import Netns, condition, new_netns, read_status, stop_daemon, wait_for
 from test_daemon import start, status_of
+
+from tests.kit.helpers import Netns, condition, new_netns, read_status, stop_daemon, wait_for
 
 PORT = 9464  # the namespace has a port space of its own
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from helpers import Netns, new_netns, read_status, stop_daemon, wait_for, write_config
+from tests.kit.helpers import Netns, new_netns, read_status, stop_daemon, wait_for, write_config
 
 
 def verdict(data: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Netns, daemon_log, read_status, stop_daemon, write_config
+
+from tests.kit.helpers import Netns, daemon_log, read_status, stop_daemon, write_config
 
 
 class NotifySocket:

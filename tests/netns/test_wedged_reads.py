@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import (
+
+from tests.kit.helpers import (
     Netns,
     condition,
     daemon_log,

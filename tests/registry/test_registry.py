@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pki import make_ca, pem_cert, pem_key, serving_cert
-from registry_env import OCI_INDEX, OCI_MANIFEST, Registry, TLSServer, reply
 
 from nodeagent.model import Platform
 from nodeagent.probes.registry import RegistryClient
+from tests.kit.pki import make_ca, pem_cert, pem_key, serving_cert
+from tests.kit.registry_env import OCI_INDEX, OCI_MANIFEST, Registry, TLSServer, reply
 
 AMD64, ARM64V8 = Platform("linux", "amd64"), Platform("linux", "arm64", "v8")
 Handler = http.server.BaseHTTPRequestHandler

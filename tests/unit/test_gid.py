@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import gid_text, make_gid_tree, roce_entries
 
 from nodeagent.checks.gid import gid_finding
 from nodeagent.config import parse_config
@@ -23,6 +22,7 @@ from nodeagent.probes.gid import (
 )
 from nodeagent.probes.qp import parse_qps, read_qps
 from nodeagent.remedies.gid import plan_repin
+from tests.kit.helpers import gid_text, make_gid_tree, roce_entries
 
 
 def cfg(**rail: object):  # type: ignore[no-untyped-def]

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import yaml
-from helpers import wait_for
-from vm import VM
+
+from tests.kit.helpers import wait_for
+from tests.kit.vm import VM
 
 RAILS = [
     {"name": "rail0", "interface": "ens4", "address": "10.10.0.5/24", "table": 100,

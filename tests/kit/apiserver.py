@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers import free_port
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
-from pki import new_key, pem_key, write_serving_pki
+
+from tests.kit.helpers import free_port
+from tests.kit.pki import new_key, pem_key, write_serving_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTENV_SRC = ROOT / "tools" / "testenv"

@@ -29,8 +29,9 @@ import urllib3
 import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding
-from helpers import free_port
-from pki import make_ca, pem_cert, pem_key, self_signed, serving_cert
+
+from tests.kit.helpers import free_port
+from tests.kit.pki import make_ca, pem_cert, pem_key, self_signed, serving_cert
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 SERVICE, ISSUER = "nodeagent-test-registry", "nodeagent-test-token-service"

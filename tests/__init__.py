@@ -1,0 +1,1 @@
+"""nodeagent tests; the importable kit is tests.kit."""
