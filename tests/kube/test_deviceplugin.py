@@ -293,7 +293,7 @@ def test_registry_trouble_is_unknown_not_a_false_alarm(apiserver: ApiServer,
     elif broken == "no CA":
         del section["ca_bundle"]
     else:
-        from helpers import free_port
+        from tests.kit.helpers import free_port
 
         down = f"127.0.0.1:{free_port()}"
         for cs in status["containerStatuses"]:

@@ -158,7 +158,7 @@ def test_without_rights_one_line_and_exit_1(apiserver: ApiServer, tmp_path: Path
 
 def test_api_server_unreachable_is_one_line(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    from helpers import free_port
+    from tests.kit.helpers import free_port
 
     path = tmp_path / "kc"
     path.write_text(json.dumps({

@@ -200,7 +200,7 @@ USER_QP = {"ifindex": 0, "ifname": "mlx5_0", "port": 1, "lqpn": 77, "type": "RC"
 
 def shifted(agent_config: dict[str, Any], tmp_path: Path, qps: list[dict[str, Any]]) -> Path:
     """rail0 pinned at 3 with its GID at 5 (the fixture table), QPs as given."""
-    from helpers import make_gid_tree, roce_entries
+    from tests.kit.helpers import make_gid_tree, roce_entries
 
     agent_config["rails"][0]["gid_index"] = 3
     agent_config["paths"]["rdma"] = fake_rdma(tmp_path / "rdma", qps)

@@ -305,7 +305,7 @@ def test_netlink_overflow_forces_a_resync_not_a_crash(
 def test_a_crashed_daemon_restarts_with_its_learned_pins(
     rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
 ) -> None:
-    from helpers import make_gid_tree, roce_entries
+    from tests.kit.helpers import make_gid_tree, roce_entries
 
     daemon_config["gid_repin"] = "never"
     proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
@@ -363,7 +363,7 @@ def test_a_shifted_gid_is_repinned_once_its_last_qp_is_gone(
     daemon reports and waits, looking again every gid_repin_poll; the QP ends: the address
     is deleted and re-added at once with its routes. The fixture GID table cannot follow,
     so the rail stays shifted and the next attempt waits twice as long."""
-    from helpers import make_gid_tree, roce_entries
+    from tests.kit.helpers import make_gid_tree, roce_entries
 
     qps = tmp_path / "qps.json"
     qps.write_text(json.dumps([

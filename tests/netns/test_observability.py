@@ -226,7 +226,7 @@ def test_a_flood_of_idle_metrics_connections_never_blinds_the_agent(
         rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path) -> None:
     """2,000 idle connections against a daemon limited to 64 descriptors: repairs go on,
     the verdict stays True, no traceback, and the endpoint answers once they are gone."""
-    from helpers import PYTHON, daemon_log, write_config
+    from tests.kit.helpers import PYTHON, daemon_log, write_config
 
     agent_config["metrics"] = {"listen": f"127.0.0.1:{PORT}"}
     agent_config["resync_interval"] = "1s"  # passes (and sysfs reads) all through the flood

@@ -99,7 +99,7 @@ def test_tls_is_verified_by_default(registry: Registry) -> None:
 
 
 def test_registry_down_is_an_error(tmp_path: Path) -> None:
-    from helpers import free_port
+    from tests.kit.helpers import free_port
 
     found = RegistryClient(timeout=2).image_platforms(f"127.0.0.1:{free_port()}/rdma/dp:1")
     assert found.error and "refused" in found.error.lower()
