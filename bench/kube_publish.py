@@ -25,7 +25,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from nodeagent.config import Kubernetes
-from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding, Report
+from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding, Report, Status
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from tests.kit.apiserver import AGENT_GROUP, ApiServer, build_testenv
@@ -33,11 +33,11 @@ from tests.kit.apiserver import AGENT_GROUP, ApiServer, build_testenv
 KEY = "nodeagent.io/fabric-unready"
 
 
-def report(node: str, failing: str | None) -> Report:
+def report(node: str, failing: str | None) -> Status:
     findings = [Finding(t, "True", "Fine", "ok") for t in CONDITION_TYPES if t != FABRIC_READY]
     fabric = (Finding(FABRIC_READY, "False", failing, failing) if failing
               else Finding(FABRIC_READY, "True", "AllConditionsPassed", "ok"))
-    return Report(node=node, findings=[*findings, fabric])
+    return Status(Report(node=node, findings=[*findings, fabric]))
 
 
 def start_server(nodes: list[str]) -> ApiServer:

@@ -13,24 +13,28 @@ import urllib.request
 
 from common import summary
 
+from nodeagent.model import Finding, LustreProbeStatus, RailCounters, RailStatus, Report, Status
 from nodeagent.publish.metrics import AgentMetrics, serve
 
 CONDITIONS = ("RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
               "FabricReady", "FabricTrafficOnRDMA")
 
 
-def status(rails: int) -> dict[str, object]:
-    return {
-        "conditions": [{"type": t, "status": "True", "reason": "Fine"} for t in CONDITIONS],
-        "rails": [{"name": f"rail{i}", "interface": f"ens{i}f0", "carrier_losses_total": 3,
-                   "gid_index": 3, "gid_index_pinned": 3, "link_speed_mbps": 400000,
-                   "netdev_tx_bytes": 10**12, "netdev_rx_bytes": 10**12,
-                   "rdma_tx_bytes": 10**15, "rdma_rx_bytes": 10**15} for i in range(rails)],
-        "kubernetes": {"requests": 1000, "writes": 900, "errors": 1, "conflicts": 2,
-                       "tainted": False},
-        "lustre": [{"mountpoint": f"/lustre/fs{i}", "probe_seconds": 0.004, "hung": False}
-                   for i in range(4)],
-    }
+def status(rails: int) -> Status:
+    counters = RailCounters(speed_mbps=400000, netdev_tx_bytes=10**12, netdev_rx_bytes=10**12,
+                            rdma_tx_bytes=10**15, rdma_rx_bytes=10**15)
+    report = Report(
+        node="bench",
+        findings=[Finding(t, "True", "Fine", "ok") for t in CONDITIONS],
+        rails=[RailStatus(f"rail{i}", f"ens{i}f0", carrier=True, gid_index=3,
+                          gid_index_pinned=3, counters=counters, carrier_losses_total=3,
+                          carrier_losses_in_window=0) for i in range(rails)])
+    return Status(
+        report=report,
+        since={t: time.time() - 60 for t in CONDITIONS},
+        kubernetes={"requests": 1000, "writes": 900, "errors": 1, "conflicts": 2,
+                    "tainted": False},
+        lustre=tuple(LustreProbeStatus(f"/lustre/fs{i}", 0.004, False) for i in range(4)))
 
 
 def main() -> None:
@@ -39,7 +43,7 @@ def main() -> None:
     p.add_argument("--rails", type=int, default=8)
     args = p.parse_args()
     metrics = AgentMetrics()
-    metrics.update(status(args.rails), {t: time.time() - 60 for t in CONDITIONS})
+    metrics.update(status(args.rails))
     for probe in ("netlink", "gid", "counters", "pass"):
         for _ in range(100):
             metrics.observe_pass({probe: 0.004}, [])

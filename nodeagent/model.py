@@ -7,7 +7,9 @@ observations into Findings, remedies turn drift into Actions. Nothing here does 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -369,6 +371,44 @@ class LustreObservation:
     lfs_error: str | None = None
 
 
+@dataclass(frozen=True)
+class RailStatus:
+    """One rail as the status file, the metrics and `status --json` show it."""
+
+    name: str
+    interface: str
+    carrier: bool | None = None
+    mtu: int | None = None
+    drift: tuple[str, ...] = ()
+    gid_index: int | None = None  # where the rail's IPv4 RoCE v2 GID is now
+    gid_index_pinned: int | None = None
+    counters: RailCounters | None = None
+    # The daemon's own history of the rail (absent from check/apply):
+    carrier_losses_total: int | None = None
+    carrier_losses_in_window: int | None = None
+    repairs_total: Mapping[str, int] | None = None  # drift kind -> repairs since start
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "interface": self.interface, "carrier": self.carrier,
+            "mtu": self.mtu, "drift": list(self.drift), "gid_index": self.gid_index,
+            "gid_index_pinned": self.gid_index_pinned,
+        }
+        c = self.counters
+        if c is not None:
+            out.update({
+                "link_speed_mbps": c.speed_mbps, "netdev_tx_bytes": c.netdev_tx_bytes,
+                "netdev_rx_bytes": c.netdev_rx_bytes, "rdma_tx_bytes": c.rdma_tx_bytes,
+                "rdma_rx_bytes": c.rdma_rx_bytes, "rdma_tx_packets": c.rdma_tx_packets,
+                "rdma_rx_packets": c.rdma_rx_packets})
+        if self.carrier_losses_total is not None:
+            out["carrier_losses_total"] = self.carrier_losses_total
+            out["carrier_losses_in_window"] = self.carrier_losses_in_window
+        if self.repairs_total is not None:
+            out["repairs_total"] = dict(self.repairs_total)
+        return out
+
+
 @dataclass
 class Report:
     """What check/apply print with --json and what the status file holds."""
@@ -378,7 +418,7 @@ class Report:
     actions: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     gid_source: str = "none"
-    rails: list[dict[str, Any]] = field(default_factory=list)
+    rails: list[RailStatus] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)  # hardware fingerprint for the Node
 
     @property
@@ -396,6 +436,75 @@ class Report:
             "actions": list(self.actions),
             "errors": list(self.errors),
             "gid_source": self.gid_source,
-            "rails": self.rails,
+            "rails": [r.as_dict() for r in self.rails],
             "labels": dict(self.labels),
         }
+
+
+@dataclass(frozen=True)
+class LustreProbeStatus:
+    mountpoint: str
+    probe_seconds: float  # how long its statfs took, or has been running
+    hung: bool
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    state: str  # "running" | "stopped"
+    passes: int
+    resync_interval: float
+    last_pass_seconds: float
+    reload_error: str | None = None  # why the last SIGHUP kept the old config
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "reload_error": self.reload_error, "passes": self.passes,
+                "resync_interval": self.resync_interval,
+                "last_pass_seconds": round(self.last_pass_seconds, 6)}
+
+
+@dataclass(frozen=True)
+class Status:
+    """The daemon's snapshot of one pass: what the status file, the metrics and the Node
+    writer all consume. `since` is the one record of when each condition took its current
+    status (wall clock): the file's `since`, the metrics' transition timestamps and the
+    Node's lastTransitionTime all come from it."""
+
+    report: Report
+    since: Mapping[str, float] = field(default_factory=dict)
+    probe_seconds: Mapping[str, float] = field(default_factory=dict)
+    lustre: tuple[LustreProbeStatus, ...] | None = None
+    kubernetes: Mapping[str, Any] | None = None  # the publisher's own view of its work
+    daemon: DaemonState | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.report.findings
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.report.labels
+
+    def document(self) -> dict[str, Any]:
+        """The status file's document (the public JSON contract), without the daemon
+        section the writer adds with its pid and time."""
+        data = self.report.as_dict()
+        for c in data["conditions"]:
+            if c["type"] in self.since:
+                c["since"] = rfc3339(self.since[c["type"]])
+        data["probe_seconds"] = {k: round(v, 6) for k, v in self.probe_seconds.items()}
+        if self.lustre is not None:
+            data["lustre"] = [{"mountpoint": p.mountpoint,
+                               "probe_seconds": round(p.probe_seconds, 6), "hung": p.hung}
+                              for p in self.lustre]
+        if self.kubernetes is not None:
+            data["kubernetes"] = dict(self.kubernetes)
+        return data
+
+
+def rfc3339(wall: float) -> str:
+    """Kubernetes' time format, to the second, UTC."""
+    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

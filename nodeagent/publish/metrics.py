@@ -21,6 +21,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
+from nodeagent.model import LustreProbeStatus, RailStatus, Status
+
 log = logging.getLogger(__name__)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 STATUSES = ("True", "False", "Unknown")
@@ -36,8 +38,7 @@ class AgentMetrics(Collector):
             "nodeagent_rail_repairs", "Repairs the agent made on a rail, by kind.",
             ["rail", "kind"], registry=self.registry)
         self._lock = threading.Lock()
-        self._status: dict[str, Any] = {}
-        self._since: dict[str, float] = {}
+        self._status: Status | None = None
         self.registry.register(self)
 
     def observe_pass(self, timings: Mapping[str, float],
@@ -47,37 +48,38 @@ class AgentMetrics(Collector):
         for rail, kind in repairs:
             self.repairs.labels(rail, kind).inc()
 
-    def update(self, status: dict[str, Any], since: Mapping[str, float]) -> None:
-        """The status-file document of the latest pass, and when each condition last
-        changed status (wall clock)."""
+    def update(self, status: Status) -> None:
+        """The snapshot of the latest pass (the status file's, too)."""
         with self._lock:
-            self._status, self._since = status, dict(since)
+            self._status = status
 
     def describe(self) -> Iterable[Metric]:
         return []  # collected from a snapshot: nothing to describe up front
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
-            status, since = self._status, self._since
+            status = self._status
+        if status is None:
+            return
         now = time.time()
         cond = GaugeMetricFamily("nodeagent_condition", "1 for the condition's current "
                                  "status, 0 for the others.", labels=["condition", "status"])
         age = GaugeMetricFamily("nodeagent_condition_seconds_since_transition",
                                 "Time since the condition last changed status.",
                                 labels=["condition"])
-        for c in status.get("conditions", []):
+        for f in status.findings:
             for s in STATUSES:
-                cond.add_metric([c["type"], s], 1.0 if c["status"] == s else 0.0)
-            if c["type"] in since:
-                age.add_metric([c["type"]], max(0.0, now - since[c["type"]]))
+                cond.add_metric([f.type, s], 1.0 if f.status == s else 0.0)
+            if f.type in status.since:
+                age.add_metric([f.type], max(0.0, now - status.since[f.type]))
         yield cond
         yield age
-        yield from _rails(status.get("rails", []))
-        yield from _kube(status.get("kubernetes"))
-        yield from _lustre(status.get("lustre", []))
+        yield from _rails(status.report.rails)
+        yield from _kube(status.kubernetes)
+        yield from _lustre(status.lustre or ())
 
 
-def _rails(rails: list[dict[str, Any]]) -> Iterable[Metric]:
+def _rails(rails: Iterable[RailStatus]) -> Iterable[Metric]:
     def gauge(name: str, doc: str) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, doc, labels=["rail", "interface"])
 
@@ -103,22 +105,26 @@ def _rails(rails: list[dict[str, Any]]) -> Iterable[Metric]:
                                    "RDMA packets received by the rail's port."),
     }
     for r in rails:
-        labels = [r["name"], r["interface"]]
-        if r.get("carrier_losses_total") is not None:
-            carrier.add_metric(labels, r["carrier_losses_total"])
-        if r.get("gid_index") is not None:
-            gid.add_metric(labels, r["gid_index"])
-        if r.get("gid_index_pinned") is not None:
-            pinned.add_metric(labels, r["gid_index_pinned"])
-        if r.get("link_speed_mbps"):
-            speed.add_metric(labels, r["link_speed_mbps"] * 1e6)
+        labels = [r.name, r.interface]
+        if r.carrier_losses_total is not None:
+            carrier.add_metric(labels, r.carrier_losses_total)
+        if r.gid_index is not None:
+            gid.add_metric(labels, r.gid_index)
+        if r.gid_index_pinned is not None:
+            pinned.add_metric(labels, r.gid_index_pinned)
+        c = r.counters
+        if c is None:
+            continue
+        if c.speed_mbps:
+            speed.add_metric(labels, c.speed_mbps * 1e6)
         for key, family in families.items():
-            if r.get(key) is not None:
-                family.add_metric(labels, r[key])
+            value = getattr(c, key)
+            if value is not None:
+                family.add_metric(labels, value)
     yield from (carrier, gid, pinned, speed, *families.values())
 
 
-def _kube(kube: dict[str, Any] | None) -> Iterable[Metric]:
+def _kube(kube: Mapping[str, Any] | None) -> Iterable[Metric]:
     if not kube:
         return
     for key, doc in (("requests", "Requests made to the API server."),
@@ -130,7 +136,8 @@ def _kube(kube: dict[str, Any] | None) -> Iterable[Metric]:
                             "Node.", value=1.0 if kube.get("tainted") else 0.0)
 
 
-def _lustre(mounts: list[dict[str, Any]]) -> Iterable[Metric]:
+def _lustre(mounts: Iterable[LustreProbeStatus]) -> Iterable[Metric]:
+    mounts = list(mounts)
     if not mounts:
         return
     latency = GaugeMetricFamily("nodeagent_lustre_probe_seconds", "How long the last statfs "
@@ -138,9 +145,8 @@ def _lustre(mounts: list[dict[str, Any]]) -> Iterable[Metric]:
     hung = GaugeMetricFamily("nodeagent_lustre_probe_hung", "1 while the mount's probe has "
                              "not answered within its timeout.", labels=["mountpoint"])
     for m in mounts:
-        if m.get("probe_seconds") is not None:
-            latency.add_metric([m["mountpoint"]], m["probe_seconds"])
-        hung.add_metric([m["mountpoint"]], 1.0 if m.get("hung") else 0.0)
+        latency.add_metric([m.mountpoint], m.probe_seconds)
+        hung.add_metric([m.mountpoint], 1.0 if m.hung else 0.0)
     yield latency
     yield hung
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from nodeagent.model import (
@@ -23,14 +22,11 @@ from nodeagent.model import (
     FABRIC_TRAFFIC_ON_RDMA,
     FINGERPRINT_LABELS,
     Finding,
+    rfc3339,
 )
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def taint_value(reason: str) -> str:
@@ -52,11 +48,14 @@ def label_patch(current: Mapping[str, str], ours: Iterable[str],
 
 
 def condition_updates(
-    existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float
+    existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float,
+    since: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Conditions of our types that differ from the Node's; [] when nothing changed.
 
-    Only changed conditions are returned, so steady state writes nothing.
+    Only changed conditions are returned, so steady state writes nothing. A status the
+    Node does not show yet takes its transition time from `since` (when the agent saw the
+    status begin: the status file and the metrics say the same), else `now`.
     """
     current = {c.get("type"): c for c in existing}
     out: list[dict[str, Any]] = []
@@ -73,7 +72,7 @@ def condition_updates(
         kept = (
             None if old is None or old.get("status") != f.status else old.get("lastTransitionTime")
         )
-        transition = str(kept) if kept else rfc3339(now)
+        transition = str(kept) if kept else rfc3339((since or {}).get(f.type, now))
         out.append(
             {
                 "type": f.type,

@@ -1,7 +1,7 @@
 """The Kubernetes side of the daemon, on its own thread.
 
-The local loop hands over each pass's Report and never waits: a slow or dead API server
-cannot delay a repair. The publisher keeps only the newest Report (so it never writes a
+The local loop hands over each pass's Status and never waits: a slow or dead API server
+cannot delay a repair. The publisher keeps only the newest Status (so it never writes a
 stale state over a newer one), writes what changed, and retries with backoff while the API
 is unreachable; once it answers, the newest desired state is written, nothing lost.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import Kubernetes
-from nodeagent.model import FABRIC_READY, Finding, Report
+from nodeagent.model import FABRIC_READY, Finding, Status
 from nodeagent.publish.node import TaintGate, condition_updates, spec_changes, taint_value
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
@@ -56,7 +56,7 @@ class Publisher(threading.Thread):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._halt = threading.Event()
-        self._latest: Report | None = None
+        self._latest: Status | None = None
         self._published: dict[str, tuple[str, str]] = {}  # type -> (status, reason) on the Node
         self._applied: tuple[Any, ...] | None = None  # findings + taint last written
         self._next_lease = 0.0
@@ -66,7 +66,7 @@ class Publisher(threading.Thread):
 
     # ------------------------------------------------------------ API for the local loop
 
-    def submit(self, report: Report) -> None:
+    def submit(self, report: Status) -> None:
         fabric = _fabric(report)
         with self._lock:
             self._latest = report
@@ -185,7 +185,7 @@ class Publisher(threading.Thread):
         items, error = watch.snapshot()
         return items[0] if items and not error else None
 
-    def _drifted(self, node: dict[str, Any], report: Report, tainted: bool) -> bool:
+    def _drifted(self, node: dict[str, Any], report: Status, tainted: bool) -> bool:
         """Whether the Node says something other than the agent's verdict: its taint,
         cordon, conditions or labels (never the echo of the agent's own write)."""
         writer = self.writer
@@ -198,9 +198,9 @@ class Publisher(threading.Thread):
                         self.cfg.cordon, tainted, self.gate.reason, report.labels):
             return True
         conditions = (node.get("status") or {}).get("conditions") or []
-        return bool(condition_updates(conditions, report.findings, time.time()))
+        return bool(condition_updates(conditions, report.findings, time.time(), report.since))
 
-    def _sync_node(self, report: Report, tainted: bool,
+    def _sync_node(self, report: Status, tainted: bool,
                    node: dict[str, Any] | None = None) -> None:
         writer = self.writer
         assert writer is not None
@@ -216,7 +216,7 @@ class Publisher(threading.Thread):
         value = taint_value(self.gate.reason) if tainted else None
         changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node,
                                                report.labels)
-        updates = condition_updates(existing, report.findings, time.time())
+        updates = condition_updates(existing, report.findings, time.time(), report.since)
         if updates:
             writer.patch_conditions(updates)
         for f in report.findings:
@@ -267,7 +267,7 @@ def describe_error(exc: BaseException) -> str:
     return (text[0] if text else type(exc).__name__)[:500]
 
 
-def _fabric(report: Report) -> Finding:
+def _fabric(report: Status) -> Finding:
     for f in report.findings:
         if f.type == FABRIC_READY:
             return f

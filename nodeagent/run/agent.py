@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,15 @@ from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
 from nodeagent.io.files import descriptor_faults
 from nodeagent.io.systemd import CONDITION, REASON, Notifier
-from nodeagent.model import FABRIC_READY, RailObservation, Report
+from nodeagent.model import (
+    FABRIC_READY,
+    DaemonState,
+    LustreProbeStatus,
+    RailObservation,
+    Report,
+    Status,
+)
 from nodeagent.probes.netlink import deletion_from_msg, link_from_msg
-from nodeagent.publish.node import rfc3339
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
 from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
@@ -286,8 +293,6 @@ class Agent:
         self.last_report = report
         if self.gid_watcher is not None:
             self.gid_watcher.watch(self.evaluator.watched_slots())
-        if self.publisher is not None:
-            self.publisher.submit(report)  # never waits for the API server
         self._publish(report)
         return report
 
@@ -315,50 +320,58 @@ class Agent:
             for a in actions:
                 counts[a.kind.value] = counts.get(a.kind.value, 0) + 1
 
-    def _publish(self, report: Report, state: str = "running") -> None:
-        data = report.as_dict()
+    def snapshot(self, report: Report, state: str = "running") -> Status:
+        """The pass as everything downstream sees it: condition transition times, the
+        rails' history, probe times, the Lustre probes and the publisher's own view."""
         wall = time.time()
-        for c in data["conditions"]:
-            status, since = self.since.get(c["type"], ("", wall))
-            if status != c["status"]:
-                since = wall
-                self.since[c["type"]] = (c["status"], since)
-                log.log(logging.INFO if c["status"] == "True" else logging.WARNING,
-                        "%s=%s (%s): %s", c["type"], c["status"], c["reason"], c["message"],
-                        extra={CONDITION: c["type"], REASON: c["reason"]})
-            c["since"] = rfc3339(since)
-        for rail in data["rails"]:
-            tracker = self.flaps.get(rail["name"])
-            if tracker is not None:
-                rail["carrier_losses_total"] = tracker.total
-                rail["carrier_losses_in_window"] = tracker.in_window(self.clock())
-            rail["repairs_total"] = dict(self.repair_counts.get(rail["name"], {}))
-        data["probe_seconds"] = {k: round(v, 6) for k, v in self.probe_seconds.items()}
+        for f in report.findings:
+            status, _ = self.since.get(f.type, ("", wall))
+            if status != f.status:
+                self.since[f.type] = (f.status, wall)
+                log.log(logging.INFO if f.status == "True" else logging.WARNING,
+                        "%s=%s (%s): %s", f.type, f.status, f.reason, f.message,
+                        extra={CONDITION: f.type, REASON: f.reason})
+        now = self.clock()
+        rails = []
+        for rail in report.rails:
+            tracker = self.flaps.get(rail.name)
+            rails.append(replace(
+                rail, repairs_total=dict(self.repair_counts.get(rail.name, {})),
+                carrier_losses_total=tracker.total if tracker else None,
+                carrier_losses_in_window=tracker.in_window(now) if tracker else None))
         lustre = self.evaluator.lustre
-        if lustre is not None:
-            data["lustre"] = [{"mountpoint": mp, "probe_seconds": round(r.seconds, 6),
-                               "hung": not r.done} for mp, r in lustre.statfs.items()]
         reading = self._loader is not None and self._loader.is_alive()
         if reading and time.monotonic() - self._loader_started > RELOAD_SLOW:
             self.reload_error = (f"a reload has been reading the config for "
                                  f"{time.monotonic() - self._loader_started:.0f}s")
-        daemon = {
-            "state": state,
-            "reload_error": self.reload_error,
-            "passes": self.passes,
-            "resync_interval": self.cfg.resync_interval,
-            "last_pass_seconds": round(self.last_pass_seconds, 6),
-        }
-        if self.publisher is not None:
-            data["kubernetes"] = self.publisher.status()
+        return Status(
+            report=replace(report, rails=rails),
+            since={t: at for t, (_, at) in self.since.items()},
+            probe_seconds=dict(self.probe_seconds),
+            lustre=None if lustre is None else tuple(
+                LustreProbeStatus(mp, r.seconds, not r.done) for mp, r in lustre.statfs.items()),
+            kubernetes=self.publisher.status() if self.publisher is not None else None,
+            daemon=DaemonState(state=state, passes=self.passes,
+                               resync_interval=self.cfg.resync_interval,
+                               last_pass_seconds=self.last_pass_seconds,
+                               reload_error=self.reload_error),
+        )
+
+    def _publish(self, report: Report, state: str = "running") -> Status:
+        """One snapshot to the Node writer, the metrics, systemd and the status file."""
+        status = self.snapshot(report, state)
+        if self.publisher is not None and state == "running":
+            self.publisher.submit(status)  # never waits for the API server
         if self.metrics is not None:
-            self.metrics.update(data, {t: s for t, (_, s) in self.since.items()})
+            self.metrics.update(status)
         if state == "running":
             self.notifier.status(summary(report))
+        assert status.daemon is not None
         try:
-            write_status(self.cfg.runtime_dir, data, daemon)
+            write_status(self.cfg.runtime_dir, status.document(), status.daemon.as_dict())
         except OSError as exc:
             log.error("cannot write status file in %s: %s", self.cfg.runtime_dir, exc)
+        return status
 
     # ------------------------------------------------------------ the loop
 

@@ -41,6 +41,7 @@ from nodeagent.model import (
     QueuePairs,
     RailCounters,
     RailObservation,
+    RailStatus,
     Report,
 )
 from nodeagent.probes.counters import read_rail_counters
@@ -415,18 +416,13 @@ class Evaluator:
                 if rail.gid_index is not None
                 else (self.pins[rail.name].index if rail.name in self.pins else None)
             )
-            rails.append(
-                {
-                    "name": rail.name,
-                    "interface": rail.interface,
-                    "carrier": obs.link.carrier if obs and obs.link else None,
-                    "mtu": obs.link.mtu if obs and obs.link else None,
-                    "drift": [d.message for d in drift.get(rail.name, [])],
-                    "gid_index": verdict.observed.get(rail.name),
-                    "gid_index_pinned": pin,
-                    **_counter_fields(self.counters.get(rail.name)),
-                }
-            )
+            link = obs.link if obs else None
+            rails.append(RailStatus(
+                name=rail.name, interface=rail.interface,
+                carrier=link.carrier if link else None, mtu=link.mtu if link else None,
+                drift=tuple(d.message for d in drift.get(rail.name, [])),
+                gid_index=verdict.observed.get(rail.name), gid_index_pinned=pin,
+                counters=self.counters.get(rail.name)))
         return Report(
             node=cfg.resolved_node_name(),
             findings=findings,
@@ -496,11 +492,3 @@ class Evaluator:
                    else "no pod here requests " + ", ".join(sorted(resources)))
         return traffic_finding(cfg, self.traffic, now, self.counters, expected, why)
 
-
-def _counter_fields(c: RailCounters | None) -> dict[str, Any]:
-    if c is None:
-        return {}
-    return {"link_speed_mbps": c.speed_mbps, "netdev_tx_bytes": c.netdev_tx_bytes,
-            "netdev_rx_bytes": c.netdev_rx_bytes, "rdma_tx_bytes": c.rdma_tx_bytes,
-            "rdma_rx_bytes": c.rdma_rx_bytes, "rdma_tx_packets": c.rdma_tx_packets,
-            "rdma_rx_packets": c.rdma_rx_packets}

@@ -48,6 +48,20 @@ def test_daemon_publishes_taints_on_faults_and_survives_restarts(
     rails_ns.ip("link", "set", "p0", "down")  # carrier loss: not repairable, so a fault
     wait_for(lambda: (our_taint(core, node) or {}).get("value") == "NoCarrier", what="taint")
 
+    def transitions() -> tuple[str | None, str | None]:
+        """RoCENetworkReady=False: since when, says the status file; and the Node."""
+        local = next((c.get("since") for c in (read_status(runtime) or {}).get("conditions", [])
+                      if c["type"] == "RoCENetworkReady" and c["status"] == "False"), None)
+        remote = next((c.get("lastTransitionTime") for c in node_json(core, node)["status"]
+                       ["conditions"] if c["type"] == "RoCENetworkReady"
+                       and c["status"] == "False"), None)
+        return local, remote
+
+    # One record of transition times: the Node says what the status file says.
+    local, remote = wait_for(lambda: (t := transitions())[0] and t[1] and t,
+                             what="RoCENetworkReady False in the status file and on the Node")
+    assert local == remote
+
     proc.kill()  # crash while tainted
     proc.wait()
     time.sleep(1.5)
@@ -111,7 +125,7 @@ def test_a_gid_moved_without_any_event_taints_the_node(
 ) -> None:
     """The GID table changes in place, with no netlink traffic at all: the slot watcher sees
     it (not the resync, set to an hour here), the condition turns and the taint follows."""
-    from helpers import make_gid_tree, roce_entries
+    from tests.kit.helpers import make_gid_tree, roce_entries
 
     node = fresh_node("node-c", [BOOT])
     agent_config["node_name"] = node

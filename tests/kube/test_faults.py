@@ -12,7 +12,7 @@ from test_publisher import BOOT, KEY, kcfg, our_taint, report
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.config import parse_config
-from nodeagent.model import Report
+from nodeagent.model import Report, Status
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
@@ -83,7 +83,7 @@ def test_plugin_that_does_not_tolerate_the_taint_is_reported(
     pub = Publisher(conf, lambda: NodeWriter(apiserver.client("agent-node-b"), node, conf))
     pub.start()
     try:
-        pub.submit(Report(node=node, findings=findings))
+        pub.submit(Status(Report(node=node, findings=findings)))
 
         def message() -> str:
             conds = node_json(core, node).get("status", {}).get("conditions") or []

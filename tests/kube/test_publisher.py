@@ -14,7 +14,14 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from nodeagent.config import Kubernetes
-from nodeagent.model import CONDITION_TYPES, FABRIC_READY, ROCE_NETWORK_READY, Finding, Report
+from nodeagent.model import (
+    CONDITION_TYPES,
+    FABRIC_READY,
+    ROCE_NETWORK_READY,
+    Finding,
+    Report,
+    Status,
+)
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from tests.kit.apiserver import ApiServer, node_json
@@ -24,7 +31,9 @@ KEY = "nodeagent.io/fabric-unready"
 MERGE = "application/merge-patch+json"
 
 
-def report(node: str, failing: str | None = None) -> Report:
+def report(node: str, failing: str | None = None,
+           labels: dict[str, str] | None = None) -> Status:
+    """A pass's snapshot as the daemon hands it to the publisher."""
     findings = []
     for ctype in CONDITION_TYPES:
         if ctype == FABRIC_READY:
@@ -35,7 +44,7 @@ def report(node: str, failing: str | None = None) -> Report:
             findings.append(Finding(ctype, "True", "Fine", "all good"))
     fabric = (Finding(FABRIC_READY, "False", failing, f"RoCENetworkReady=False ({failing})")
               if failing else Finding(FABRIC_READY, "True", "AllConditionsPassed", "ok"))
-    return Report(node=node, findings=[*findings, fabric])
+    return Status(Report(node=node, findings=[*findings, fabric], labels=dict(labels or {})))
 
 
 def kcfg(**patch: Any) -> Kubernetes:
@@ -400,23 +409,18 @@ def test_hardware_fingerprint_labels_follow_the_hardware(
         found: dict[str, str] = node_json(core, node)["metadata"].get("labels") or {}
         return found
 
-    first = report(node)
-    first.labels = dict(labels)
-    pub.submit(first)
+    pub.submit(report(node, labels=labels))
     wait_for(lambda: all(node_labels().get(k) == v for k, v in labels.items()), what="labels")
     wait_for(lambda: our_taint(core, node) is None, what="the boot taint lifted")
     time.sleep(0.5)
     writes = pub.status()["writes"]
     for _ in range(3):
-        again = report(node)
-        again.labels = dict(labels)
-        pub.submit(again)
+        pub.submit(report(node, labels=labels))
     time.sleep(1.0)
     assert pub.status()["writes"] == writes, "an unchanged fingerprint writes nothing"
-    upgraded = report(node)
-    upgraded.labels = {**labels, "nodeagent.io/rdma-fw-version": "28.40.1000"}
-    del upgraded.labels["nodeagent.io/rdma-driver"]
-    pub.submit(upgraded)
+    upgraded = {**labels, "nodeagent.io/rdma-fw-version": "28.40.1000"}
+    del upgraded["nodeagent.io/rdma-driver"]
+    pub.submit(report(node, labels=upgraded))
     wait_for(lambda: node_labels().get("nodeagent.io/rdma-fw-version") == "28.40.1000",
              what="the firmware upgrade")
     got = node_labels()

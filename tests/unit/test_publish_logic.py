@@ -64,6 +64,10 @@ def test_condition_updates_only_what_changed_and_keeps_transition_times() -> Non
     flipped = Finding("RoCENetworkReady", "False", "NoCarrier", "down")
     [update] = condition_updates(existing, [flipped], 1000.0)
     assert update["lastTransitionTime"] == rfc3339(1000.0)
+    # The agent's own record of when the status began wins over the time of the write.
+    [update] = condition_updates(existing, [flipped], 1000.0, {"RoCENetworkReady": 940.0})
+    assert update["lastTransitionTime"] == rfc3339(940.0)
+    assert update["lastHeartbeatTime"] == rfc3339(1000.0)
     assert condition_updates(existing, [Finding("Ready", "False", "X", "y")], 1.0) == []
 
 
