@@ -22,7 +22,7 @@ from pyroute2 import IPRoute
 
 from nodeagent.config import parse_config
 from nodeagent.io.commands import BoundedRunner
-from nodeagent.run.evaluate import Evaluator
+from nodeagent.run.evaluate import Evaluator, fabric_pass
 from nodeagent.run.lustre import LustreMonitor, look
 
 SOURCE = "10.0.0.1@o2ib:/scratch"
@@ -42,8 +42,7 @@ def passes(evaluator: Evaluator, n: int) -> list[float]:
     ms = []
     for _ in range(n):
         t0 = time.perf_counter()
-        evaluator.probe_and_repair(repair=True)
-        evaluator.judge()
+        fabric_pass(evaluator, repair=True)
         ms.append(1000 * (time.perf_counter() - t0))
     return ms
 
@@ -72,7 +71,8 @@ def main() -> None:
 
         with IPRoute() as ipr:
             evaluator = Evaluator(cfg, ipr)
-            monitor = LustreMonitor(cfg, lambda o, _done: setattr(evaluator, "lustre", o))
+            monitor = LustreMonitor(
+                cfg, lambda seen: setattr(evaluator, "lustre", seen.observation))
             monitor.start()
             time.sleep(1.0)
             healthy = passes(evaluator, args.passes)

@@ -40,7 +40,19 @@ from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
-from nodeagent.run.work import Work
+from nodeagent.run.work import (
+    EventsLost,
+    GidSlotsMoved,
+    LustreSeen,
+    NetlinkEvent,
+    NodeChanged,
+    PluginSeen,
+    ReloadAsked,
+    Reloaded,
+    Source,
+    StopAsked,
+    Work,
+)
 
 if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
     from nodeagent.publish.metrics import AgentMetrics
@@ -95,6 +107,7 @@ class Agent:
         self._reload = reload
         self.clock = clock
         self.work: queue.SimpleQueue[Work] = queue.SimpleQueue()
+        self.sources: list[Source] = []  # started, stopped in that order at the end
         self.passes = 0
         self.probe_seconds: dict[str, float] = {}  # probe -> seconds, the latest of each
         self.last_pass_seconds = 0.0
@@ -162,15 +175,15 @@ class Agent:
 
         def load() -> None:
             try:
-                self.work.put(Work("reloaded", (self._reload(), None)))
+                self.work.put(Reloaded(self._reload()))
             except Exception as exc:  # handed to the loop: a failed reload is never a crash
-                self.work.put(Work("reloaded", (None, exc)))
+                self.work.put(Reloaded(None, exc))
 
         self._loader_started = time.monotonic()
         self._loader = threading.Thread(target=load, name="config-reload", daemon=True)
         self._loader.start()
         # Still reading then: the status file says so without waiting for a pass.
-        check = threading.Timer(RELOAD_SLOW + 0.1, lambda: self.work.put(Work("status")))
+        check = threading.Timer(RELOAD_SLOW + 0.1, lambda: self.work.put(NodeChanged()))
         check.daemon = True
         check.start()
 
@@ -377,7 +390,7 @@ class Agent:
 
     def stop(self) -> None:
         self._stopping = True
-        self.work.put(Work("stop"))
+        self.work.put(StopAsked())
 
     def install_signals(self) -> None:
         def on_stop(signum: int, _frame: FrameType | None) -> None:
@@ -385,11 +398,15 @@ class Agent:
             self.stop()
 
         def on_hup(_signum: int, _frame: FrameType | None) -> None:
-            self.work.put(Work("reload"))
+            self.work.put(ReloadAsked())
 
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
+
+    def _start(self, source: Source) -> None:
+        self.sources.append(source)
+        source.start()
 
     def _start_publisher(self) -> None:
         kcfg = self.cfg.kubernetes
@@ -402,33 +419,27 @@ class Agent:
         self.publisher = Publisher(
             kcfg,
             lambda: NodeWriter(api_client(kcfg, kcfg.request_timeout), node, kcfg),
-            on_change=lambda: self.work.put(Work("status")),
+            on_change=lambda: self.work.put(NodeChanged()),
         )
-        self.publisher.start()
+        self._start(self.publisher)
 
     def _start_lustre(self) -> None:
         if not self.cfg.lustre:
             return
 
-        def deliver(obs: Any, done: list[str]) -> None:
-            self.work.put(Work("lustre", (obs, done)))
-
-        self.lustre_monitor = LustreMonitor(self.cfg, deliver)
-        self.lustre_monitor.start()
+        self.lustre_monitor = LustreMonitor(self.cfg, self.work.put)
+        self._start(self.lustre_monitor)
 
     def _start_plugin_monitor(self) -> None:
         if self.cfg.kubernetes is None or self.cfg.device_plugin is None:
             return
 
-        def deliver(obs: Any, seen: frozenset[str]) -> None:
-            self.work.put(Work("deviceplugin", (obs, seen)))
-
         cfg = self.cfg
         from nodeagent.run.deviceplugin import DevicePluginMonitor, plugin_reader
 
         self.plugin_monitor = DevicePluginMonitor(
-            cfg, lambda wake: plugin_reader(cfg, on_change=wake), deliver)
-        self.plugin_monitor.start()
+            cfg, lambda wake: plugin_reader(cfg, on_change=wake), self.work.put)
+        self._start(self.plugin_monitor)
 
     def _start_metrics(self) -> None:
         if self.cfg.metrics is None:
@@ -446,8 +457,8 @@ class Agent:
     def run(self) -> int:
         self._start_metrics()
         self._start_publisher()
-        monitor = NetlinkMonitor(self.work, self.cfg.netlink_rcvbuf)
-        monitor.start()
+        monitor = NetlinkMonitor(self.work.put, self.cfg.netlink_rcvbuf)
+        self._start(monitor)
         monitor.ready.wait(timeout=5.0)
         with IPRoute() as ipr:
             self._ipr = ipr
@@ -457,8 +468,8 @@ class Agent:
             self._start_plugin_monitor()
             if self.cfg.rails:
                 self.gid_watcher = GidSlotWatcher(
-                    self.cfg.paths.sysfs, lambda: self.work.put(Work("gid")))
-                self.gid_watcher.start()
+                    self.cfg.paths.sysfs, self.work.put)
+                self._start(self.gid_watcher)
             first = self.run_pass(None)
             # What startup made (modules, config, clients) lives as long as the daemon: out
             # of the collector's sight, a full collection no longer walks it (a pause in
@@ -490,35 +501,34 @@ class Agent:
                     rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
                 # Drain what else is queued: one pass serves a burst of events.
                 while item is not None:
-                    if item.kind == "stop":
+                    if isinstance(item, StopAsked):
                         self._stopping = True
-                    elif item.kind == "reload":
+                    elif isinstance(item, ReloadAsked):
                         self.start_reload()
                         status_only = True  # a second SIGHUP while one reads says so
-                    elif item.kind == "reloaded":
-                        self.apply_reload(*item.msg)
+                    elif isinstance(item, Reloaded):
+                        self.apply_reload(item.cfg, item.error)
                         full = True
-                    elif item.kind == "resync":
+                    elif isinstance(item, EventsLost):
                         full = True
                         monitor.resync_pending.clear()  # later overflows queue a new one
-                    elif item.kind == "event":
+                    elif isinstance(item, NetlinkEvent):
                         hit = self.rails_for(item.msg)
                         if hit:
                             self.repair_from_event(item.msg, hit, early)
                         rails |= hit
-                    elif item.kind == "status":
+                    elif isinstance(item, NodeChanged):
                         status_only = True
-                    elif item.kind == "deviceplugin":
-                        obs, seen = item.msg
-                        self.evaluator.device_plugin = obs
-                        self.evaluator.plugin_seen_ready = seen
+                    elif isinstance(item, PluginSeen):
+                        self.evaluator.device_plugin = item.observation
+                        self.evaluator.plugin_seen_ready = item.seen_ready
                         judge_only = True
-                    elif item.kind == "gid":  # a watched GID slot changed, no event said so
+                    elif isinstance(item, GidSlotsMoved):  # no netlink event said so
                         self.evaluator.mark_gid_stale()
                         judge_only = True
-                    elif item.kind == "lustre":
-                        self.evaluator.lustre, remounted = item.msg
-                        for line in remounted:
+                    elif isinstance(item, LustreSeen):
+                        self.evaluator.lustre = item.observation
+                        for line in item.remounted:
                             log.info("repaired %s", line)
                         judge_only = True
                     try:
@@ -541,14 +551,8 @@ class Agent:
             self.notifier.stopping()
             if self.last_report is not None:
                 self._publish(self.last_report, state="stopped")
-        if self.publisher is not None:
-            self.publisher.stop()
-        if self.gid_watcher is not None:
-            self.gid_watcher.stop()
-        if self.lustre_monitor is not None:
-            self.lustre_monitor.stop()
-        if self.plugin_monitor is not None:
-            self.plugin_monitor.stop()
+        for source in self.sources:
+            source.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         log.info("stopped after %d passes", self.passes)

@@ -16,6 +16,7 @@ from nodeagent.config import Config, DevicePlugin, Registry
 from nodeagent.io.files import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
+from nodeagent.run.work import Deliver, PluginSeen
 
 log = logging.getLogger(__name__)
 SEEN_FILE = "plugin-pods-seen-ready.json"
@@ -94,7 +95,7 @@ class DevicePluginMonitor(threading.Thread):
         cfg: Config,
         make_reader: Callable[[Callable[[], None]], Callable[[DevicePlugin],
                                                              DevicePluginObservation]],
-        deliver: Callable[[DevicePluginObservation, frozenset[str]], None],
+        deliver: Deliver,
     ) -> None:
         super().__init__(name="device-plugin-monitor", daemon=True)
         self.cfg = cfg
@@ -124,7 +125,7 @@ class DevicePluginMonitor(threading.Thread):
             self._wake.clear()
             obs = self.read(dp)
             self.remember(obs)
-            self.deliver(obs, frozenset(self.seen_ready))
+            self.deliver(PluginSeen(obs, frozenset(self.seen_ready)))
             if self._wake.wait(dp.interval):
                 self._halt.wait(self.COALESCE)
 

@@ -5,7 +5,8 @@ an address change that lands after the pass the address event triggered).
 The slots that matter are few: for each rail, its pinned index and the index its GID was
 last seen at, on its own device. Each is one small sysfs file (`gids/<i>`), read every
 `interval` (500 ms: a few dozen reads a second for 8 rails, far below 0.1 % of a core).
-When one differs from the last look, `changed()` is called and the daemon judges at once;
+When one differs from the last look, GidSlotsMoved is delivered and the daemon judges at
+once;
 the whole table is read only then (or at a resync). After an address event the daemon calls
 `settle()`: the slots are then looked at every 50 ms for 2 s, so a table the kernel
 updates a moment after the event is seen as soon as it settles.
@@ -16,11 +17,12 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.io.files import read_attribute
+from nodeagent.run.work import Deliver, GidSlotsMoved
 
 Slot = tuple[str, int, int]  # device, port, index
 
@@ -42,11 +44,12 @@ def read_slots(sysfs: Path, slots: Iterable[Slot], where: Where) -> dict[Slot, s
 
 
 class GidSlotWatcher(threading.Thread):
-    def __init__(self, sysfs: Path, changed: Callable[[], None],
-                 interval: float = INTERVAL) -> None:
+    """The GID-slot source: delivers GidSlotsMoved when a watched slot changes."""
+
+    def __init__(self, sysfs: Path, deliver: Deliver, interval: float = INTERVAL) -> None:
         super().__init__(name="gid-slot-watcher", daemon=True)
         self.sysfs = sysfs
-        self.changed = changed
+        self.deliver = deliver
         self.interval = interval
         self.reads = BoundedReads()
         self._slots: frozenset[Slot] = frozenset()
@@ -79,7 +82,7 @@ class GidSlotWatcher(threading.Thread):
             if not isinstance(got, Stuck):
                 known = {s: v for s, v in got.items() if s in self._last}
                 if any(self._last[s] != v for s, v in known.items()):
-                    self.changed()
+                    self.deliver(GidSlotsMoved())
                 self._last = got
             fast = time.monotonic() < self._settle_until
             self._wake.wait(SETTLE_INTERVAL if fast else self.interval)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 from nodeagent.checks.lustre import mount_problems
 from nodeagent.config import Config
@@ -16,6 +15,7 @@ from nodeagent.io.commands import BoundedRunner
 from nodeagent.model import LustreObservation
 from nodeagent.probes.lustre import observe_lustre
 from nodeagent.remedies.lustre import remount
+from nodeagent.run.work import Deliver, LustreSeen
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,10 @@ def look_and_repair(
 
 
 class LustreMonitor(threading.Thread):
-    """Probes the mounts every `lustre_interval` and hands each observation over."""
+    """The Lustre source: probes the mounts every `lustre_interval` (a remount when one is
+    configured and due) and delivers each look as LustreSeen."""
 
-    def __init__(self, cfg: Config, deliver: Callable[[LustreObservation, list[str]], None]):
+    def __init__(self, cfg: Config, deliver: Deliver):
         super().__init__(name="lustre-monitor", daemon=True)
         self.cfg = cfg
         self.deliver = deliver
@@ -61,7 +62,7 @@ class LustreMonitor(threading.Thread):
             else:
                 for line in errors:
                     log.error("%s", line)
-                self.deliver(obs, done)
+                self.deliver(LustreSeen(obs, tuple(done)))
             self._halt.wait(self.cfg.lustre_interval)
 
     def stop(self) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import queue
 import threading
 import time
 from typing import Any
@@ -22,7 +21,7 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_LINK,
 )
 
-from nodeagent.run.work import Work
+from nodeagent.run.work import Deliver, EventsLost, NetlinkEvent
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +31,31 @@ GROUPS = (
 
 
 class NetlinkMonitor(threading.Thread):
-    """Blocks on rtnetlink multicast and forwards every message; never raises."""
+    """The netlink source: blocks on rtnetlink multicast and delivers every message; never
+    raises."""
 
-    def __init__(self, out: queue.SimpleQueue[Work], rcvbuf: int) -> None:
+    def __init__(self, deliver: Deliver, rcvbuf: int) -> None:
         super().__init__(name="netlink-monitor", daemon=True)
-        self.out = out
+        self.deliver = deliver
         self.rcvbuf = rcvbuf
+        self._halt = threading.Event()
         self.ready = threading.Event()
         # One queued resync serves any number of overflows: a storm of ENOBUFS (tens of
         # thousands a second while the kernel floods the socket) must not flood the loop.
         self.resync_pending = threading.Event()
 
+    def stop(self) -> None:
+        """Ends at the next message: the thread is a daemon, blocked in a receive."""
+        self._halt.set()
+
     def _resync(self) -> None:
         if not self.resync_pending.is_set():
             self.resync_pending.set()
-            self.out.put(Work("resync"))
+            self.deliver(EventsLost())
 
     def run(self) -> None:
         self._overflows, self._last_log = 0, 0.0
-        while True:
+        while not self._halt.is_set():
             try:
                 with IPRoute(rcvbuf=self.rcvbuf) as ipr:
                     ipr.bind(groups=GROUPS)
@@ -66,7 +71,7 @@ class NetlinkMonitor(threading.Thread):
         one. (Read on after ENOBUFS, pyroute2's socket kept raising it, tens of thousands
         of times a second, and later events came late or not at all: measured with 2,000
         addresses added at once.)"""
-        while True:
+        while not self._halt.is_set():
             try:
                 msgs = ipr.get()
             except OSError as exc:
@@ -81,4 +86,4 @@ class NetlinkMonitor(threading.Thread):
                     return
                 raise
             for msg in msgs:
-                self.out.put(Work("event", msg))
+                self.deliver(NetlinkEvent(msg))

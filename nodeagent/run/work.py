@@ -1,14 +1,92 @@
-"""What the loop is handed: by the sources, the signal handlers and its own timers."""
+"""What the loop is handed: typed observations from the sources, and its own requests.
+
+The sources (run/netlink.py, run/gidwatch.py, run/lustre.py, run/deviceplugin.py, the
+publisher's watch of the agent's own Node) share one contract, node-problem-detector's
+monitor shape: made with a `deliver` callable, `start()` begins observing on the source's
+own trigger (events or a cadence) on its own thread, `stop()` ends it, and each
+observation is handed over with `deliver(observation)`, which never blocks. The loop never
+waits on a source's read: it only judges, repairs and publishes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from nodeagent.config import Config
+    from nodeagent.model import DevicePluginObservation, LustreObservation
+
+
+class Source(Protocol):
+    """start -> a stream of observations through `deliver` -> stop."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+# ------------------------------------------------------------------ observations
 
 
 @dataclass(frozen=True)
-class Work:
-    kind: str  # "event" | "resync" | "reload" (SIGHUP) | "reloaded" (config read, or why not)
-    #   | "stop" | "status" (rewrite status file)
-    #   | "gid" (a watched slot changed) | "lustre" | "deviceplugin" (new observations)
-    msg: Any = None
+class NetlinkEvent:
+    """One rtnetlink message about links, addresses, routes or rules."""
+
+    msg: Any
+
+
+@dataclass(frozen=True)
+class EventsLost:
+    """The kernel dropped netlink events (ENOBUFS) or the socket was reopened: nothing is
+    known of what changed, so everything is looked at again."""
+
+
+@dataclass(frozen=True)
+class GidSlotsMoved:
+    """A watched GID slot changed with no netlink event: the table is read again."""
+
+
+@dataclass(frozen=True)
+class LustreSeen:
+    observation: LustreObservation
+    remounted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PluginSeen:
+    observation: DevicePluginObservation
+    seen_ready: frozenset[str] = frozenset()  # plugin pod UIDs ever seen Ready
+
+
+@dataclass(frozen=True)
+class NodeChanged:
+    """The Kubernetes side changed (the agent's Node, its writes): the status file says so
+    without a pass."""
+
+
+# ------------------------------------------------------------------ the loop's own
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """SIGTERM/SIGINT: finish the current step, then exit."""
+
+
+@dataclass(frozen=True)
+class ReloadAsked:
+    """SIGHUP: read the config again (on a thread of its own)."""
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """The config read that a SIGHUP started: a config, or why there is none."""
+
+    cfg: Config | None
+    error: BaseException | None = None
+
+
+Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | NodeChanged
+        | StopAsked | ReloadAsked | Reloaded)
+Deliver = Callable[[Work], None]
