@@ -28,43 +28,64 @@ IFF_UP = 0x1
 RTEXT_FILTER_SKIP_STATS = 1 << 3  # the kernel leaves the link statistics out
 
 
+_LINK = frozenset({"IFLA_IFNAME", "IFLA_MTU", "IFLA_CARRIER", "IFLA_OPERSTATE",
+                   "IFLA_CARRIER_CHANGES", "IFLA_CARRIER_DOWN_COUNT"})
+_ADDR = frozenset({"IFA_ADDRESS"})
+_ROUTE = frozenset({"RTA_TABLE", "RTA_DST", "RTA_GATEWAY", "RTA_OIF", "RTA_PREFSRC"})
+_RULE = frozenset({"FRA_SRC", "FRA_PRIORITY", "FRA_TABLE"})
+
+
+def _attrs(msg: Any, wanted: frozenset[str]) -> dict[str, Any]:
+    """The wanted attributes of a message, in one walk of its attribute list: pyroute2's
+    msg.get() walks the list on every call (a link has about fifty attributes), and a
+    value is decoded only when it is read, so the others are never decoded at all."""
+    return {slot[0]: slot[1] for slot in msg.get("attrs") or () if slot[0] in wanted}
+
+
 def link_from_msg(msg: Any) -> LinkState:
+    a = _attrs(msg, _LINK)
     return LinkState(
-        ifname=str(msg.get("ifname")),
+        ifname=str(a.get("IFLA_IFNAME")),
         index=int(msg["index"]),
-        mtu=int(msg.get("mtu") or 0),
+        mtu=int(a.get("IFLA_MTU") or 0),
         admin_up=bool(int(msg["flags"]) & IFF_UP),
-        carrier=bool(msg.get("carrier")),
-        operstate=str(msg.get("operstate") or "UNKNOWN"),
-        carrier_changes=msg.get("carrier_changes"),
-        carrier_down_count=msg.get("carrier_down_count"),
+        carrier=bool(a.get("IFLA_CARRIER")),
+        operstate=str(a.get("IFLA_OPERSTATE") or "UNKNOWN"),
+        carrier_changes=a.get("IFLA_CARRIER_CHANGES"),
+        carrier_down_count=a.get("IFLA_CARRIER_DOWN_COUNT"),
     )
 
 
 def _addr_from_msg(msg: Any) -> AddressInfo | None:
-    address = msg.get("address")
+    address = _attrs(msg, _ADDR).get("IFA_ADDRESS")
     if address is None:
         return None
     return AddressInfo(address=str(address), prefixlen=int(msg["prefixlen"]), family=msg["family"])
 
 
-def _route_from_msg(msg: Any) -> RouteInfo:
-    dst = msg.get("dst") or "0.0.0.0"
+def _route_table(msg: Any, a: dict[str, Any]) -> int:
+    return int(a.get("RTA_TABLE") or msg["table"])  # RTA_TABLE: tables past 255
+
+
+def _route_from_msg(msg: Any, a: dict[str, Any] | None = None) -> RouteInfo:
+    a = _attrs(msg, _ROUTE) if a is None else a
+    dst = a.get("RTA_DST") or "0.0.0.0"
     return RouteInfo(
-        table=int(msg.get("table") or msg["table"]),
+        table=_route_table(msg, a),
         dst=f"{dst}/{msg['dst_len']}",
-        gateway=msg.get("gateway"),
-        oif=msg.get("oif"),
-        prefsrc=msg.get("prefsrc"),
+        gateway=a.get("RTA_GATEWAY"),
+        oif=a.get("RTA_OIF"),
+        prefsrc=a.get("RTA_PREFSRC"),
     )
 
 
 def _rule_from_msg(msg: Any) -> RuleInfo:
-    src = msg.get("src")
+    a = _attrs(msg, _RULE)
+    src = a.get("FRA_SRC")
     return RuleInfo(
-        priority=msg.get("priority"),
+        priority=a.get("FRA_PRIORITY"),
         src=f"{src}/{msg['src_len']}" if src else None,
-        table=int(msg.get("table") or msg["table"]),
+        table=int(a.get("FRA_TABLE") or msg["table"]),
     )
 
 
@@ -126,9 +147,10 @@ def observe_rails(
     routes: dict[int, list[RouteInfo]] = {}
     if tables:
         for msg in ipr.get_routes(family=socket.AF_INET):
-            route = _route_from_msg(msg)
-            if route.table in tables:
-                routes.setdefault(route.table, []).append(route)
+            a = _attrs(msg, _ROUTE)
+            table = _route_table(msg, a)
+            if table in tables:  # most routes are other tables' (local, main)
+                routes.setdefault(table, []).append(_route_from_msg(msg, a))
 
     observed: dict[str, RailObservation] = {}
     for rail in rails:
