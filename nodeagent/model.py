@@ -255,6 +255,11 @@ class DriftKind(enum.Enum):
 
 
 DRIFT_ORDER = {kind: i for i, kind in enumerate(DriftKind)}
+# Repairs after which the kernel rewrites the port's GID table (its GIDs follow the netdev's
+# addresses and state); a route, rule, MTU or sysctl repair leaves the table alone.
+GID_AFFECTING = frozenset({DriftKind.INTERFACE_MISSING, DriftKind.LINK_ADMIN_DOWN,
+                           DriftKind.ADDRESS_MISSING, DriftKind.ADDRESS_PREFIX,
+                           DriftKind.FOREIGN_ADDRESS, DriftKind.GID_SHIFTED})
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ T = TypeVar("T")
 
 DEADLINE = 0.5  # seconds a pass waits for its reads, all of them together
 MAX_WORKERS = 64
+WAIT_SLICE = 0.002  # seconds between calls of while_waiting
 
 
 class Where:
@@ -68,6 +69,9 @@ class BoundedReads:
         self._workers = 0
         self._idle = 0
         self._pending: dict[str, _Call[Any]] = {}  # key -> a call not yet returned
+        # Called every WAIT_SLICE while a caller waits (the daemon repairs deletions that
+        # arrive meanwhile: the thread is idle until the reads return anyway).
+        self.while_waiting: Callable[[], None] | None = None
 
     def _work(self) -> None:
         while True:
@@ -109,7 +113,7 @@ class BoundedReads:
             self._submit(call)
         end = now + self.deadline
         for key, call in started.items():
-            if not call.done.wait(max(0.0, end - time.monotonic())):
+            if not self._wait(call, end):
                 out[key] = Stuck(key, time.monotonic() - call.started, call.where.path)
                 continue
             with self._lock:
@@ -118,6 +122,16 @@ class BoundedReads:
                 raise call.error
             out[key] = call.result  # type: ignore[assignment]
         return {key: out[key] for key in calls}
+
+    def _wait(self, call: _Call[Any], end: float) -> bool:
+        hook = self.while_waiting
+        while True:
+            left = end - time.monotonic()
+            if hook is None or left <= 0:
+                return call.done.wait(max(0.0, left))
+            if call.done.wait(min(left, WAIT_SLICE)):
+                return True
+            hook()
 
     def one(self, key: str, fn: Callable[[Where], T]) -> T | Stuck:
         return self.run({key: fn})[key]

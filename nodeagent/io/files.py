@@ -172,8 +172,10 @@ def write_attribute(root: Path, parts: Sequence[str], text: str) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so readers see the old file or the new one, never half of one."""
+def write_json_atomic(path: Path, data: Any, durable: bool = True) -> None:
+    """Write JSON so readers see the old file or the new one, never half of one.
+    `durable` also waits for the disk (state that must survive a power loss); the status
+    file, rewritten every pass into the runtime directory, skips that wait."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -181,7 +183,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
             json.dump(data, f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:

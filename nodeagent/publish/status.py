@@ -92,7 +92,7 @@ def status_path(runtime_dir: Path) -> Path:
 def write_status(runtime_dir: Path, report: dict[str, Any], daemon: dict[str, Any]) -> None:
     data = dict(report)
     data["daemon"] = {**daemon, "pid": os.getpid(), "updated_at": time.time()}
-    write_json_atomic(status_path(runtime_dir), data)
+    write_json_atomic(status_path(runtime_dir), data, durable=False)
 
 
 @dataclass(frozen=True)

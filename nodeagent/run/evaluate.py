@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.files import describe_error
 from nodeagent.io.systemd import RAIL
 from nodeagent.model import (
+    GID_AFFECTING,
     Deletion,
     DevicePluginObservation,
     Drift,
@@ -103,6 +104,9 @@ class PassPolicy:
         """Time-based verdicts per rail: (reason, message)."""
         return {}
 
+    def interrupt(self) -> None:
+        """Between the pass's stages: the daemon repairs what was deleted meanwhile."""
+
 
 def fabric_pass(
     evaluator: Evaluator,
@@ -121,17 +125,29 @@ def fabric_pass(
     `early` holds what was repaired before the pass (from events, remounts): it is reported
     with the rest. Returns the report and every repair it reports."""
     policy = policy or PassPolicy()
+    evaluator.reads.while_waiting = policy.interrupt  # reads off-thread: the wait is idle
+    try:
+        return _fabric_pass(evaluator, rails, repair, dry_run, early, policy)
+    finally:
+        evaluator.reads.while_waiting = None
+
+
+def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool,
+                 dry_run: bool, early: Repairs | None,
+                 policy: PassPolicy) -> tuple[Report, Repairs]:
     paused = policy.paused()
     probed = evaluator.probe_and_repair(rails, repair=repair, dry_run=dry_run,
-                                        skip_repair=paused)
+                                        skip_repair=paused, between=policy.interrupt)
     if not dry_run:
         policy.repaired(probed, ours=False)
     policy.observed(evaluator.observations)
+    policy.interrupt()
     repairs = early if early is not None else Repairs()
     repairs.merge(probed)
     overrides = policy.overrides()  # the guard and flap verdicts after this pass's repairs
     full = rails is None
     facts = evaluator.observe_facts(full=full)
+    policy.interrupt()
     report = evaluator.judge(repairs, overrides, facts)
     evaluator.keep_learned_pins(report)
     if repair:
@@ -206,17 +222,21 @@ class Evaluator:
         repair: bool = False,
         dry_run: bool = False,
         skip_repair: Mapping[str, str] | None = None,
+        between: Callable[[], None] | None = None,
     ) -> Repairs:
         """Probe the given rails (default all) and, when asked, repair their drift.
 
         `skip_repair` maps rails whose repairs are paused (ManagedElsewhere) to why.
-        With `dry_run` the planned actions are returned and nothing is changed.
+        With `dry_run` the planned actions are returned and nothing is changed. `between`
+        is called after the probe (the daemon repairs deletions that came meanwhile).
         """
         names = list(self.rails) if rails is None else [n for n in rails if n in self.rails]
         self._observe(self.rails[n] for n in names)
         out = Repairs()
         if not repair:
             return out
+        if between is not None:
+            between()
         for name in names:
             if skip_repair and name in skip_repair:
                 continue
@@ -230,8 +250,12 @@ class Evaluator:
             out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         if out.done and not dry_run:
             self._observe(self.rails[n] for n in out.done)
-            self.mark_gid_stale()  # the kernel follows a changed address with its GIDs
+            self._after_repairs(out)
         return out
+
+    def _after_repairs(self, repairs: Repairs) -> None:
+        if any(a.kind in GID_AFFECTING for acts in repairs.done.values() for a in acts):
+            self.mark_gid_stale()  # the kernel follows a changed address with its GIDs
 
     def repair_deletion(self, gone: Deletion, rails: Iterable[str],
                         skip_repair: Mapping[str, str] | None = None) -> Repairs:
@@ -248,8 +272,7 @@ class Evaluator:
             actions = plan_rail(self.cfg, rail, ifindex, drift) if drift else []
             if actions:
                 out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
-        if out.done:
-            self.mark_gid_stale()
+        self._after_repairs(out)
         return out
 
     def repin(

@@ -84,6 +84,32 @@ def test_event_driven_repair_of_every_drift(
     assert "repaired rail0 r0: add address 10.10.0.5/24" in out
 
 
+def test_deletions_in_a_burst_are_all_repaired_while_passes_run(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Address, rule and default route deleted back to back, 30 times: most deletions land
+    in the middle of the pass that verifies the previous repair (they are repaired between
+    its stages, not after it). Nothing may be lost, and the daemon must end where it began."""
+    daemon_config["repair_guard"] = {"max_repairs": 1000}  # a deliberate fight, not a manager
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    for _ in range(30):
+        rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0", check=False)
+        rails_ns.ip("rule", "del", "priority", "1001", check=False)
+        rails_ns.ip("route", "del", "default", "table", "100", check=False)
+    wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], what="address restored")
+    wait_for(lambda: any(r.get("priority") == 1001 for r in rails_ns.rules()), what="rule")
+    wait_for(lambda: {r["dst"] for r in rails_ns.routes(100)} == {"default", "10.10.0.0/24"},
+             what="routes restored")
+    wait_for(lambda: (status_of(daemon_config) or {}).get("ok") is True, what="fabric ready")
+    assert proc.poll() is None, daemon_log(proc)
+    repairs = next(r for r in status_of(daemon_config)["rails"]  # type: ignore[index]
+                   if r["name"] == "rail0")["repairs_total"]
+    assert repairs.get("AddressMissing", 0) >= 1, repairs
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    assert "Traceback" not in out, out
+
+
 def test_carrier_loss_keeps_the_address_and_recovers(
     rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -28,3 +28,24 @@ def test_the_gid_slot_source_delivers_a_move_and_nothing_else(tmp_path: Path) ->
         watcher.stop()
         watcher.join(timeout=5)
     assert not watcher.is_alive(), "stop() ends the source"
+
+
+def test_work_taken_during_a_pass_reaches_the_loop_in_order() -> None:
+    """take_urgent (between a pass's stages) repairs deletions at once; everything it takes
+    off the queue, a stop request included, still reaches the loop, in arrival order."""
+    from nodeagent.config import parse_config
+    from nodeagent.run.agent import Agent
+    from nodeagent.run.work import NetlinkEvent, NodeChanged, StopAsked
+
+    cfg = parse_config({})
+    agent = Agent(cfg, reload=lambda: cfg)
+    link = NetlinkEvent({"event": "RTM_NEWLINK", "ifname": "eth9", "index": 9})
+    for item in (NodeChanged(), link, StopAsked()):
+        agent.work.put(item)
+    agent.take_urgent()
+    assert agent.work.empty()
+    agent.work.put(NodeChanged())  # arrives after the pass: after what was taken
+    got = [agent._next(0.0) for _ in range(5)]
+    assert [type(g[0]).__name__ if g else None for g in got] == [
+        "NodeChanged", "NetlinkEvent", "StopAsked", "NodeChanged", None]
+    assert all(g is None or g[1] is False for g in got), "nothing here was a deletion"
