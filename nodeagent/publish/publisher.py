@@ -92,7 +92,9 @@ class Publisher(threading.Thread):
         backoff = 0.0
         while not self._halt.is_set():
             now = self.clock()
-            deadlines = [self._next_lease, self._next_reconcile]
+            deadlines = [self._next_lease]
+            if self._watched_node() is None:  # only then is the Node re-read on a timer
+                deadlines.append(self._next_reconcile)
             lift = self.gate.lifts_at()
             if lift is not None:
                 deadlines.append(lift)

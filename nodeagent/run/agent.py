@@ -344,7 +344,7 @@ class Agent:
         if self.gid_watcher is not None:
             self.gid_watcher.watch(self.evaluator.watched_slots())
         self.take_urgent()
-        self._publish(report)
+        self._publish(report, submit=True)
         return report
 
     def _pass(self, rails: set[str] | None, early: Repairs) -> Report:
@@ -408,10 +408,13 @@ class Agent:
                                reload_error=self.reload_error),
         )
 
-    def _publish(self, report: Report, state: str = "running") -> Status:
-        """One snapshot to the Node writer, the metrics, systemd and the status file."""
+    def _publish(self, report: Report, state: str = "running", submit: bool = False) -> Status:
+        """One snapshot to the metrics, systemd and the status file, and with `submit` (a
+        new pass) to the Node writer. A rewrite of the status because the Kubernetes side
+        changed is never submitted: the publisher's own change would come back as another
+        rewrite, and again, forever."""
         status = self.snapshot(report, state)
-        if self.publisher is not None and state == "running":
+        if self.publisher is not None and submit:
             self.publisher.submit(status)  # never waits for the API server
         if self.metrics is not None:
             self.metrics.update(status)

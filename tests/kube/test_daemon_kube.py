@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,13 @@ from tests.kit.helpers import (
     wait_for,
     write_config,
 )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (the daemon runs under `ip netns
+    exec`, which execs it: the pid is the daemon's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_daemon_publishes_taints_on_faults_and_survives_restarts(
@@ -44,6 +52,13 @@ def test_daemon_publishes_taints_on_faults_and_survives_restarts(
     wait_for(lambda: our_taint(core, node) is None, timeout=30, what="first healthy pass + dwell")
     conds = {c["type"]: c for c in node_json(core, node)["status"]["conditions"]}
     assert conds["FabricReady"]["status"] == "True"
+    # Healthy and quiet: the daemon sleeps. (A status rewrite that resubmitted itself to the
+    # publisher once spun a whole core here, forever, with every test still green.)
+    time.sleep(1.0)
+    cpu_before = cpu_seconds(proc.pid)
+    time.sleep(3.0)
+    busy = cpu_seconds(proc.pid) - cpu_before
+    assert busy < 1.0, f"an idle daemon used {busy:.2f} s of CPU in 3 s"
 
     rails_ns.ip("link", "set", "p0", "down")  # carrier loss: not repairable, so a fault
     wait_for(lambda: (our_taint(core, node) or {}).get("value") == "NoCarrier", what="taint")
