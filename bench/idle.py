@@ -64,6 +64,10 @@ def main() -> None:
     while not (status.exists() and json.loads(status.read_text())["ok"]):
         time.sleep(0.05)
     time.sleep(5.0)  # let start-up settle (IPv6 DAD on the rails ends ~2 s after link up)
+    if args.kubernetes:  # and the boot taint lifted (after clear_after): steady state
+        while (json.loads(status.read_text()).get("kubernetes") or {}).get("tainted", True):
+            time.sleep(0.2)
+        time.sleep(2.0)
     first = json.loads(status.read_text())
     passes0 = first["daemon"]["passes"]
     writes0 = (first.get("kubernetes") or {}).get("writes", 0)
