@@ -32,8 +32,14 @@ from nodeagent.io.files import CONFIG_MAX, describe_error, read_text_bounded
 DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.yaml"
 CONFIG_ENV = "NODEAGENT_CONFIG"
 
-_DURATION = re.compile(r"^\s*(\d{1,12}(?:\.\d{1,9})?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+# A plain number of seconds, or one or more number+unit parts as Go and Kubernetes write
+# durations ("1h30m", "1m30s"), plus days ("1d"); at most one part per unit.
+_NUMBER = r"\d{1,12}(?:\.\d{1,9})?"
+_PLAIN = re.compile(rf"^\s*({_NUMBER})\s*$")
+_PARTS = re.compile(rf"^\s*(?:{_NUMBER}(?:ms|s|m|h|d)){{1,5}}\s*$")
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_HINT = "use e.g. 30s, 500ms, 2m, 1h30m, 1d"
 MAX_DURATION = 7 * 24 * 3600.0  # no interval, timeout or window is longer than a week
 # Kubernetes names: a DNS-1123 subdomain (Node names), a qualified name (taint keys).
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
@@ -59,16 +65,19 @@ def _shown(value: Any) -> str:
 
 
 def parse_duration(value: Any) -> float:
-    """'5s', '500ms', '2m', '1h' or a plain number of seconds -> seconds (float), finite and
-    at most a week."""
+    """'5s', '500ms', '2m', '1h', '1d', compound forms ('1h30m', '1m30s') or a plain number
+    of seconds -> seconds (float), finite and at most a week."""
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration (use e.g. 30s, 500ms, 2m)")
+        raise ValueError(f"{value!r} is not a duration ({_DURATION_HINT})")
     if isinstance(value, int | float):
         seconds = float(value) if abs(value) < 1e300 or value != value else math.inf
-    elif isinstance(value, str) and (m := _DURATION.match(value)):
-        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    elif isinstance(value, str) and (m := _PLAIN.match(value)):
+        seconds = float(m.group(1))
+    elif isinstance(value, str) and _PARTS.match(value) and len(
+            units := [u for _, u in _PART.findall(value)]) == len(set(units)):
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
     else:
-        raise ValueError(f"{_shown(value)} is not a duration (use e.g. 30s, 500ms, 2m)")
+        raise ValueError(f"{_shown(value)} is not a duration ({_DURATION_HINT})")
     if math.isnan(seconds):
         raise ValueError("NaN is not a duration")
     if seconds < 0:

@@ -95,7 +95,7 @@ def test_every_problem_reported_at_once() -> None:
                     "resync_interval": "soon", "bogus": 1})
     # In the order the keys are documented, whatever order the file has them in.
     assert got == [
-        "resync_interval: 'soon' is not a duration (use e.g. 30s, 500ms, 2m)",
+        "resync_interval: 'soon' is not a duration (use e.g. 30s, 500ms, 2m, 1h30m, 1d)",
         "rails[1].address: 'bad' has no prefix length (e.g. 10.10.0.5/24)",
         "bogus: unknown key",
     ]
@@ -147,9 +147,18 @@ def test_top_level_must_be_a_mapping() -> None:
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
-    ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), (5, 5.0), ("1.5", 1.5)])
+    ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), (5, 5.0), ("1.5", 1.5),
+    ("1m30s", 90.0), ("1h30m", 5400.0), ("1d", 86400.0), ("1d12h", 129600.0),
+    ("2m0.5s", 120.5), ("1s500ms", 1.5), (" 1h30m ", 5400.0)])
 def test_durations(text: Any, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1h1h", "1h 30m", "h", "1x", "30s-", "1.5.5s", "m30",
+                                  "1d1h1m1s1ms1s"])
+def test_durations_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
 
 
 def test_resync_interval_floor() -> None:

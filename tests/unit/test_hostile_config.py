@@ -73,7 +73,8 @@ def test_merge_keys_still_work(tmp_path: Path) -> None:
     (".nan", "resync_interval: NaN is not a duration"),
     (".inf", "resync_interval: inf is longer than a week (604800s)"),
     ("1.0e+11", "resync_interval: 100000000000.0 is longer than a week (604800s)"),
-    ("'8d'", "resync_interval: '8d' is not a duration (use e.g. 30s, 500ms, 2m)"),
+    ("'8d'", "resync_interval: '8d' is longer than a week (604800s)"),
+    ("'8x'", "resync_interval: '8x' is not a duration (use e.g. 30s, 500ms, 2m, 1h30m, 1d)"),
     ("200h", "resync_interval: '200h' is longer than a week (604800s)"),
 ])
 def test_durations_are_finite_and_bounded(tmp_path: Path, value: str, expected: str) -> None:
@@ -135,7 +136,7 @@ def test_field_and_cross_field_problems_in_one_run() -> None:
             {**RAIL, "rule_priority": 5},
             {**RAIL, "name": "rail1", "interface": "ens1f1"}]})
     assert info.value.problems == [
-        "resync_interval: 'soon' is not a duration (use e.g. 30s, 500ms, 2m)",
+        "resync_interval: 'soon' is not a duration (use e.g. 30s, 500ms, 2m, 1h30m, 1d)",
         "rails[0].rule_priority: set without rails[0].table",
         "rails[1].address: '10.10.0.5' duplicates rails[0].address",
     ]
