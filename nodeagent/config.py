@@ -211,6 +211,9 @@ class Rail(_Strict):
     rdma_port: int = Field(default=1, ge=1, le=255)
     exclusive: bool = False  # remove addresses on the interface that the config does not name
     sysctls: dict[str, int] | None = None  # overrides the top-level rail_sysctls
+    # false: observe only (another tool owns the rail: checked and reported, never written);
+    # unset: the top-level manage_rails
+    manage: bool | None = None
 
     @field_validator("name")
     @classmethod
@@ -413,6 +416,7 @@ class Config(_Strict):
     netlink_rcvbuf: int = Field(default=1 << 20, ge=4096, le=1 << 30)
     rails: list[Rail] = Field(default_factory=list)
     rail_sysctls: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_RAIL_SYSCTLS))
+    manage_rails: bool = True  # the default of each rail's `manage`
     gid_source: Literal["auto", "pyverbs", "sysfs"] = "auto"
     # A GID found off its pinned index is put back (the rail's address deleted and re-added)
     # once no QP uses the port any more: auto. never: only reported.
@@ -441,6 +445,10 @@ class Config(_Strict):
 
     def resolved_node_name(self) -> str:
         return self.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+
+    def manages(self, rail: Rail) -> bool:
+        """Whether the agent may write the rail's kernel state (repairs, re-pins)."""
+        return self.manage_rails if rail.manage is None else rail.manage
 
     def sysctls_for(self, rail: Rail) -> dict[str, int]:
         return dict(self.rail_sysctls if rail.sysctls is None else rail.sysctls)

@@ -55,10 +55,13 @@ def pin_for(rail: Rail, learned: Mapping[str, Pin]) -> Pin | None:
     return learned.get(rail.name)
 
 
-def repin_verdict(cfg: Config, shift: GidShift, qps: QueuePairs | None) -> str | None:
+def repin_verdict(cfg: Config, rail: Rail, shift: GidShift,
+                  qps: QueuePairs | None) -> str | None:
     """Why a shifted rail cannot be re-pinned now, or None when it can."""
     if cfg.gid_repin == "never":
         return "re-pinning is off (gid_repin: never)"
+    if not cfg.manages(rail):
+        return "the rail is observed only (manage: false): re-pinning is left to its owner"
     if shift.slot_taken_by is not None:
         return f"index {shift.pinned} now holds {shift.slot_taken_by}: re-pin cannot land there"
     if qps is None:
@@ -136,7 +139,7 @@ def gid_finding(
                           and e.port == current.port and e.index == pin.index), None)
             shift = GidShift(current.device, current.port, current.index, pin.index, taken)
             shifts[rail.name] = shift
-            why = repin_verdict(cfg, shift, qps)
+            why = repin_verdict(cfg, rail, shift, qps)
             if why is None:
                 repin.append(rail.name)
             problems.append(

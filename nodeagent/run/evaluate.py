@@ -238,7 +238,7 @@ class Evaluator:
         if between is not None:
             between()
         for name in names:
-            if skip_repair and name in skip_repair:
+            if (skip_repair and name in skip_repair) or not self.cfg.manages(self.rails[name]):
                 continue
             drift = rail_drift(self.cfg, self.rails[name], self.observations[name])
             actions = plan_rail(self.cfg, self.rails[name], self.ifindex(name), drift)
@@ -265,7 +265,7 @@ class Evaluator:
         out = Repairs()
         for name in rails:
             rail = self.rails.get(name)
-            if rail is None or (skip_repair and name in skip_repair):
+            if rail is None or (skip_repair and name in skip_repair) or not self.cfg.manages(rail):
                 continue
             ifindex = self.ifindex(name)
             drift = deletion_drift(rail, ifindex, gone)

@@ -262,3 +262,39 @@ def test_human_output_explains_itself(
     assert "repaired:" in lines
     assert any(line.split()[:3] == ["RoCENetworkReady", "True", "RailsConfigured"]
                for line in lines)
+
+
+def test_an_observed_rail_is_checked_and_reported_but_never_written(
+    rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """manage: false (another tool owns the rail): every check and condition as usual, no
+    kernel write at all, in apply as in dry-run; the managed rail beside it is repaired."""
+    agent_config["rails"][1]["manage"] = False
+    cfg = write_config(tmp_path / "c.yaml", agent_config)
+    before = (rails_ns.addresses("r1"), rails_ns.link("r1")["mtu"],
+              rails_ns.sysctl("r1", "arp_ignore"), rule_for(rails_ns, "10.11.0.5"))
+    code, planned = run_json(rails_ns, "apply", cfg, "--dry-run")
+    assert code == 1 and planned["actions"]
+    assert not any(a.startswith("rail1") for a in planned["actions"]), planned["actions"]
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert code == 1, out
+    assert not any(a.startswith("rail1") for a in out["actions"]), out["actions"]
+    assert (rails_ns.addresses("r1"), rails_ns.link("r1")["mtu"],
+            rails_ns.sysctl("r1", "arp_ignore"), rule_for(rails_ns, "10.11.0.5")) == before
+    assert rails_ns.addresses("r0") == ["10.10.0.5/24"]  # the managed rail is repaired
+    net = condition(out, "RoCENetworkReady")
+    assert net["status"] == "False" and net["reason"] != "ManagedElsewhere", net
+    assert "rail1 r1: address 10.11.0.5/24 missing" in net["message"]
+    assert "rail0" not in net["message"]
+    # Its owner configures it: the same check passes, still without a write by the agent.
+    rails_ns.ip("link", "set", "r1", "mtu", "4200", "up")
+    rails_ns.ip("addr", "add", "10.11.0.5/24", "dev", "r1")
+    rails_ns.ip("route", "add", "10.11.0.0/24", "dev", "r1", "table", "101")
+    rails_ns.ip("rule", "add", "from", "10.11.0.5", "lookup", "101", "priority", "1001")
+    for key, value in (("arp_ignore", 1), ("arp_announce", 2), ("rp_filter", 2)):
+        rails_ns.exec("sh", "-c", f"echo {value} > /proc/sys/net/ipv4/conf/r1/{key}")
+    rails_ns.exec("sh", "-c", "echo 0 > /proc/sys/net/ipv6/conf/r1/accept_ra")
+    code, out = run_json(rails_ns, "apply", cfg)
+    assert out["actions"] == [], out
+    assert code == 0, condition(out, "RoCENetworkReady")["message"]
+

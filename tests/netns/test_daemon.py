@@ -110,6 +110,37 @@ def test_deletions_in_a_burst_are_all_repaired_while_passes_run(
     assert "Traceback" not in out, out
 
 
+def test_the_daemon_never_writes_an_observed_rail(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """manage_rails: false, one rail managed: the other's drift is reported as it happens,
+    never repaired, and never read as a fight with another manager."""
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")  # both rails configured
+    stop_daemon(proc)
+    daemon_config["manage_rails"] = False
+    daemon_config["rails"][0]["manage"] = True
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    for _ in range(3):
+        rails_ns.ip("addr", "del", "10.11.0.5/24", "dev", "r1", check=False)
+        rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
+        wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], what="rail0 repaired")
+        wait_for(lambda: (cond(daemon_config, "RoCENetworkReady") or ("",))[0] == "False",
+                 what="rail1's drift reported")
+        rails_ns.ip("addr", "add", "10.11.0.5/24", "dev", "r1")  # its owner puts it back
+        rails_ns.ip("route", "replace", "10.11.0.0/24", "dev", "r1", "table", "101")
+        wait_for(lambda: (cond(daemon_config, "RoCENetworkReady") or ("",))[0] == "True",
+                 what="rail1 as configured again")
+    rails_ns.ip("addr", "del", "10.11.0.5/24", "dev", "r1")
+    _, reason, message = wait_for(
+        lambda: (c := cond(daemon_config, "RoCENetworkReady")) and c[0] == "False" and c,
+        what="rail1's drift reported")
+    assert reason == "AddressMissing" and "rail1 r1" in message, message
+    assert rails_ns.addresses("r1") == [], "the agent wrote an observed rail"
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    assert "repaired rail1" not in out and "ManagedElsewhere" not in out, out
+
+
 def test_carrier_loss_keeps_the_address_and_recovers(
     rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
 ) -> None:

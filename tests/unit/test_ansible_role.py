@@ -56,7 +56,7 @@ TEMPLATES = ["config.yaml.j2", "sysctl-rails.conf.j2", "nm-rails.conf.j2",
 def render(tmp_path: Path, variables: dict[str, Any]) -> dict[str, str]:
     """The role's templates rendered by ansible-playbook on this machine (no host)."""
     out = tmp_path / "out"
-    out.mkdir()
+    out.mkdir(parents=True)
     play = tmp_path / "render.yml"
     play.write_text(yaml.safe_dump([{
         "hosts": "all", "connection": "local", "gather_facts": False,
@@ -125,4 +125,22 @@ def test_ignore_carrier_mode_and_per_rail_sysctls(tmp_path: Path) -> None:
     cfg = yaml.safe_load(files["config.yaml.j2"])
     assert "kubernetes" not in cfg and "device_plugin" not in cfg
     assert cfg["metrics"] == {"listen": "127.0.0.1:9464"}
+
+
+def test_observed_rails_are_left_to_their_owner(tmp_path: Path) -> None:
+    """manage: false: the rail is in the agent's config (checked, reported) but the role
+    keeps neither NetworkManager nor networkd off it and persists no sysctls for it."""
+    rails = [{"name": "r0", "interface": "eth8", "address": "10.0.0.1/24"},
+             {"name": "r1", "interface": "eth9", "address": "10.0.1.1/24", "manage": False}]
+    files = render(tmp_path, {"nodeagent_rails": rails})
+    assert "unmanaged-devices+=interface-name:eth8\n" in files["nm-rails.conf.j2"] + "\n"
+    assert "Name=eth8\n" in files["networkd-rails.network.j2"]
+    assert "eth9" not in files["sysctl-rails.conf.j2"]
+    cfg = yaml.safe_load(files["config.yaml.j2"])
+    assert [r.get("manage") for r in cfg["rails"]] == [None, False]
+    assert cfg["manage_rails"] is True
+    files = render(tmp_path / "second", {"nodeagent_rails": rails,
+                                         "nodeagent_manage_rails": False})
+    assert "eth8" not in files["sysctl-rails.conf.j2"] + files["nm-rails.conf.j2"]
+    assert yaml.safe_load(files["config.yaml.j2"])["manage_rails"] is False
 

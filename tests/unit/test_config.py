@@ -234,3 +234,17 @@ def test_bad_usage_exits_2() -> None:
     res = subprocess.run([sys.executable, "-m", "nodeagent", "frobnicate"], capture_output=True,
                          text=True)
     assert res.returncode == 2
+
+
+def test_rails_are_managed_unless_said_otherwise() -> None:
+    rails = [{"name": "a", "interface": "r0", "address": "10.0.0.1/24"},
+             {"name": "b", "interface": "r1", "address": "10.0.1.1/24", "manage": False},
+             {"name": "c", "interface": "r2", "address": "10.0.2.1/24", "manage": True}]
+    cfg = parse_config({"rails": rails})
+    assert [cfg.manages(r) for r in cfg.rails] == [True, False, True]
+    cfg = parse_config({"rails": rails, "manage_rails": False})
+    assert [cfg.manages(r) for r in cfg.rails] == [False, False, True]
+    assert problems({"manage_rails": "sometimes"}) == [
+        "manage_rails: Input should be a valid boolean, unable to interpret input "
+        "(got 'sometimes')"]
+
