@@ -89,8 +89,14 @@ def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) ->
     verdict = "fabric ready" if data["ok"] else "FABRIC NOT READY"
     print(f"node {p(data['node'])}: {verdict}")
     for c in data["conditions"]:
-        print(f"  {p(c['type']):<22} {p(c['status']):<8} {p(c['reason']):<24} "
-              f"{p(c['message'])}")
+        head = f"  {p(c['type']):<22} {p(c['status']):<8} {p(c['reason'])}"
+        problems = str(c["message"]).split("; ")
+        if len(problems) == 1:
+            print(f"{head:<57} {p(problems[0])}")
+            continue
+        print(head)  # a dozen problems read one per line, not as one long line
+        for problem in problems:
+            print(f"      {p(problem)}")
     if data.get("actions"):
         print("would run:" if dry_run else "repaired:")
         for a in data["actions"]:

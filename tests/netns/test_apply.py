@@ -255,6 +255,17 @@ def test_human_output_explains_itself(
     rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path
 ) -> None:
     cfg = write_config(tmp_path / "c.yaml", agent_config)
+    res = rails_ns.nodeagent("check", "--config", str(cfg))
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    # Many problems: one per line under their condition, the condition's line first.
+    at = next(i for i, line in enumerate(lines) if line.split()[:3] == [
+        "RoCENetworkReady", "False", "LinkDown"])
+    below = [line.strip() for line in lines[at + 1:at + 4]]
+    assert below == ["rail0 r0: link is administratively down",
+                     "rail0 r0: address 10.10.0.5/24 missing", "rail0 r0: MTU 1500, want 4200"]
+    assert "rail1 r1: MTU 1500, want 4200" in [line.strip() for line in lines]
+
     res = rails_ns.nodeagent("apply", "--config", str(cfg))
     assert res.returncode == 0
     lines = res.stdout.splitlines()
