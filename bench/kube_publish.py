@@ -197,10 +197,12 @@ def cmd_steady(args: argparse.Namespace) -> None:
         requests, writes = c.requests - r0, c.writes - w0
         pub.stop()
         print(f"steady state {args.minutes} min, lease_period {conf.lease_period:g}s, "
+              f"heartbeat_interval {conf.heartbeat_interval:g}s, "
               f"reconcile_interval {conf.reconcile_interval:g}s")
+        expected = 3600 / conf.lease_period + 3600 / conf.heartbeat_interval
         print(f"requests {requests} ({requests / hours:.0f} per node-hour), writes {writes} "
-              f"({writes / hours:.0f} per node-hour; Lease renewals at this period: "
-              f"{3600 / conf.lease_period:.0f})")
+              f"({writes / hours:.0f} per node-hour; Lease renewals and condition heartbeats "
+              f"at these periods: {expected:.0f}; goal <= 72)")
     finally:
         server.stop()
 

@@ -396,13 +396,22 @@ class Kubernetes(_Strict):
     cordon: bool = False
     clear_after: Duration = 30.0  # all conditions True this long before the taint is lifted
     lease_namespace: Text = "nodeagent-system"
-    lease_period: Interval = 20.0  # heartbeat: Lease renewed this often
+    lease_period: Interval = 60.0  # heartbeat: Lease renewed this often
+    lease_duration: Interval | None = None  # how long a renewal holds; default 3x the period
+    # lastHeartbeatTime of the agent's conditions refreshed at least this often (in the same
+    # status patch as any change); with the Lease: 60 + 12 = 72 writes per node-hour
+    heartbeat_interval: Interval = 300.0
     reconcile_interval: Interval = 600.0  # re-read the Node even when nothing changed
     request_timeout: Timeout = 15.0  # one API request in all, reply included (a server that
     #   trickles its reply cannot hold the publisher)
     event_burst: int = Field(default=10, ge=1, le=10_000)  # Events: token bucket of this size
     event_rate: float = Field(default=0.2, gt=0, le=1000, allow_inf_nan=False)  # ... refilled
     #   at this many per second
+
+
+    def lease_seconds(self) -> float:
+        """How long one Lease renewal holds: staleness in `fleet` and the alerts."""
+        return self.lease_duration if self.lease_duration is not None else 3 * self.lease_period
 
 
 class Config(_Strict):

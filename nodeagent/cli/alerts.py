@@ -24,7 +24,8 @@ class Windows:
     never_ready_window: str = "1h"  # no pod Ready at any moment in this window ...
     never_ready_for: str = "5m"  # ... and still so after this
     taint_for: str = "30m"  # a node carrying the fabric taint
-    lease_stale_after: int = 120  # seconds since the agent's last heartbeat
+    lease_stale_after: int = 0  # seconds since the agent's last heartbeat; 0: the Lease's
+    #   duration (kubernetes.lease_duration, default 3x lease_period)
     lease_stale_for: str = "2m"
     no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
 
@@ -43,6 +44,7 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str,
 def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
     dp = cfg.device_plugin or DevicePlugin()
     kube = cfg.kubernetes or Kubernetes()
+    stale_after = w.lease_stale_after or int(kube.lease_seconds())
     ds = f'namespace="{dp.namespace}", daemonset="{dp.daemonset}"'
     on = "on (namespace, daemonset)"
     rules = [
@@ -84,11 +86,11 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
         _alert(
             "NodeAgentLeaseStale",
             f'time() - kube_lease_renew_time{{namespace="{kube.lease_namespace}", '
-            f'lease=~"nodeagent-.+"}} > {w.lease_stale_after}',
+            f'lease=~"nodeagent-.+"}} > {stale_after}',
             w.lease_stale_for, "warning",
             "nodeagent heartbeat {{ $labels.lease }} is stale",
             "The agent's Lease has not been renewed for more than "
-            f"{w.lease_stale_after} s: its Node conditions may be out of date.",
+            f"{stale_after} s: its Node conditions may be out of date.",
         ),
         _alert(
             "FabricNodeWithoutRDMAResource",

@@ -57,6 +57,9 @@ def _obj(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+DEFAULT_STALE = 180.0  # seconds, for a Lease that states no duration (the agent's default)
+
+
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
@@ -66,16 +69,21 @@ def _str(value: Any) -> str:
 
 
 def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
-               resource: str, taint_key: str, now: float, stale_after: float,
+               resource: str, taint_key: str, now: float, stale_after: float | None,
                taint_older: float) -> list[FleetRow]:
     """Rows from the API's objects; a field of the wrong shape reads as absent, never as a
-    crash (the objects are another program's data)."""
+    crash (the objects are another program's data). An agent is stale past `stale_after`,
+    or by default past its own Lease's duration (what it promised when it renewed)."""
     renewed = {}
+    holds: dict[str, float] = {}
     for lease in leases:
         name = _str(_obj(_obj(lease).get("metadata")).get("name"))
         if name.startswith("nodeagent-"):
-            renewed[name[len("nodeagent-"):]] = timestamp(
-                _str(_obj(_obj(lease).get("spec")).get("renewTime")))
+            spec = _obj(_obj(lease).get("spec"))
+            renewed[name[len("nodeagent-"):]] = timestamp(_str(spec.get("renewTime")))
+            duration = spec.get("leaseDurationSeconds")
+            if isinstance(duration, int) and not isinstance(duration, bool) and duration > 0:
+                holds[name[len("nodeagent-"):]] = float(duration)
     rows = []
     for raw in nodes:
         node = _obj(raw)
@@ -97,7 +105,8 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
             since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
             capacity=quantity(_obj(status.get("capacity")).get(resource)),
             allocatable=quantity(_obj(status.get("allocatable")).get(resource)))
-        if row.heartbeat_age is None or row.heartbeat_age > stale_after:
+        limit = stale_after if stale_after is not None else holds.get(name, DEFAULT_STALE)
+        if row.heartbeat_age is None or row.heartbeat_age > limit:
             row.flags.append("agent-stale" if renew is not None else "no-agent")
         if row.capacity == 0 or row.allocatable == 0:
             row.flags.append("no-rdma")
@@ -222,8 +231,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the RDMA extended resource")
     p.add_argument("--taint-key", default="nodeagent.io/fabric-unready")
     p.add_argument("--lease-namespace", default="nodeagent-system")
-    p.add_argument("--stale-after", type=float, default=120.0, metavar="SECONDS",
-                   help="flag an agent heartbeat older than this")
+    p.add_argument("--stale-after", type=float, default=None, metavar="SECONDS",
+                   help="flag an agent heartbeat older than this (default: each agent's own "
+                   "Lease duration, leaseDurationSeconds)")
     p.add_argument("--taint-older", type=float, default=1800.0, metavar="SECONDS",
                    help="flag a taint older than this")
     p.add_argument("--request-timeout", type=parse_duration, default=15.0, metavar="DURATION",

@@ -11,6 +11,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from nodeagent.kube.api import Counters, WatchStream, call, watch
+from nodeagent.kube.backoff import Backoff
 
 
 def describe(exc: BaseException) -> str:
@@ -62,7 +63,7 @@ class WatchedCollection(threading.Thread):
 
     def run(self) -> None:
         rv: str | None = None
-        backoff = 0.5
+        backoff = Backoff()
         query = self.query
         while not self._halt.is_set():
             try:
@@ -76,7 +77,7 @@ class WatchedCollection(threading.Thread):
                                               [*query, *resume], timeout=self.renew + 30)
                 if self.error:
                     self._set(error=None)  # connected again
-                backoff = 0.5
+                backoff.reset()
                 for event in events:
                     if self._halt.is_set():
                         return
@@ -87,8 +88,7 @@ class WatchedCollection(threading.Thread):
                 if isinstance(exc, ApiException) and exc.status == 410:
                     rv = None
                 self._set(error=describe(exc))
-                self._halt.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                self._halt.wait(backoff.next())
 
     def _apply(self, event: dict[str, Any], rv: str) -> str | None:
         kind, obj = event.get("type"), event.get("object") or {}

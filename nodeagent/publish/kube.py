@@ -162,7 +162,7 @@ class NodeWriter:
             "holderIdentity": self.node,
             "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
             + f".{int(now % 1 * 1e6):06d}Z",
-            "leaseDurationSeconds": max(1, int(3 * self.cfg.lease_period)),
+            "leaseDurationSeconds": max(1, int(self.cfg.lease_seconds())),
         }
 
         def body(rv: str | None) -> dict[str, Any]:

@@ -49,9 +49,10 @@ def label_patch(current: Mapping[str, str], ours: Iterable[str],
 
 def condition_updates(
     existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float,
-    since: Mapping[str, float] | None = None,
+    since: Mapping[str, float] | None = None, every: bool = False,
 ) -> list[dict[str, Any]]:
-    """Conditions of our types that differ from the Node's; [] when nothing changed.
+    """Conditions of our types that differ from the Node's; [] when nothing changed (with
+    `every`, all of them: a heartbeat refreshes each one's lastHeartbeatTime).
 
     Only changed conditions are returned, so steady state writes nothing. A status the
     Node does not show yet takes its transition time from `since` (when the agent saw the
@@ -63,11 +64,9 @@ def condition_updates(
         if f.type not in (*CONDITION_TYPES, FABRIC_TRAFFIC_ON_RDMA):
             continue
         old = current.get(f.type)
-        if old is not None and (old.get("status"), old.get("reason"), old.get("message")) == (
-            f.status,
-            f.reason,
-            f.message,
-        ):
+        if not every and old is not None and (
+                old.get("status"), old.get("reason"), old.get("message")) == (
+                f.status, f.reason, f.message):
             continue
         kept = (
             None if old is None or old.get("status") != f.status else old.get("lastTransitionTime")

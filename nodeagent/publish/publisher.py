@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import Kubernetes
+from nodeagent.kube.backoff import Backoff
 from nodeagent.model import FABRIC_READY, Finding, Status
 from nodeagent.publish.node import TaintGate, condition_updates, spec_changes, taint_value
 
@@ -61,6 +62,7 @@ class Publisher(threading.Thread):
         self._applied: tuple[Any, ...] | None = None  # findings + taint last written
         self._next_lease = 0.0
         self._next_reconcile = 0.0
+        self._next_heartbeat = 0.0  # conditions' lastHeartbeatTime refreshed by then
         self.node_watch: WatchedCollection | None = None  # the agent's own Node, watched
         self._node_dirty = False  # the watch saw a change not yet compared
 
@@ -89,16 +91,19 @@ class Publisher(threading.Thread):
     # ------------------------------------------------------------ the thread
 
     def run(self) -> None:
-        backoff = 0.0
+        backoff = Backoff()
+        retry_in: float | None = None  # after a failed round: the jittered wait
         while not self._halt.is_set():
             now = self.clock()
             deadlines = [self._next_lease]
+            if self._applied is not None:
+                deadlines.append(self._next_heartbeat)
             if self._watched_node() is None:  # only then is the Node re-read on a timer
                 deadlines.append(self._next_reconcile)
             lift = self.gate.lifts_at()
             if lift is not None:
                 deadlines.append(lift)
-            wait = backoff if backoff else max(0.0, min(deadlines) - now)
+            wait = retry_in if retry_in is not None else max(0.0, min(deadlines) - now)
             self._wake.wait(timeout=wait)
             self._wake.clear()
             if self._halt.is_set():
@@ -108,13 +113,14 @@ class Publisher(threading.Thread):
             except Exception as exc:  # API down, timeouts, 403: keep the newest state, retry
                 self.state.synced = False
                 self.state.last_error = describe_error(exc)
-                backoff = min(30.0, max(0.5, backoff * 2))
-                log.warning("kubernetes publish failed (retry in %.1fs): %s", backoff,
+                retry_in = backoff.next()
+                log.warning("kubernetes publish failed (retry in %.1fs): %s", retry_in,
                             self.state.last_error)
                 if self.writer is not None:
                     self.writer.counters.errors += 1
             else:
-                backoff = 0.0
+                backoff.reset()
+                retry_in = None
 
     def sync_once(self) -> None:
         """One round: newest findings -> conditions, taint/cordon, Events, Lease."""
@@ -153,7 +159,8 @@ class Publisher(threading.Thread):
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
                    want, tuple(sorted(report.labels.items())))
             foreign = dirty and watched is not None and self._drifted(watched, report, tainted)
-            if reconcile or foreign or key != self._applied or tainted != before:
+            beat = self._applied is not None and now >= self._next_heartbeat
+            if reconcile or foreign or beat or key != self._applied or tainted != before:
                 if foreign:
                     log.info("node %s: changed by another writer; putting back the agent's "
                              "taint, cordon, conditions and labels", writer.node)
@@ -218,9 +225,14 @@ class Publisher(threading.Thread):
         value = taint_value(self.gate.reason) if tainted else None
         changes = writer.sync_taint_and_cordon(value, tainted, self.gate.reason, node,
                                                report.labels)
-        updates = condition_updates(existing, report.findings, time.time(), report.since)
-        if updates:
-            writer.patch_conditions(updates)
+        now = time.time()
+        updates = condition_updates(existing, report.findings, now, report.since)
+        if updates or self.clock() >= self._next_heartbeat:
+            # One status patch carries any change and every condition's heartbeat: the
+            # heartbeat costs a write of its own only when nothing changed for a while.
+            writer.patch_conditions(condition_updates(existing, report.findings, now,
+                                                      report.since, every=True))
+            self._next_heartbeat = self.clock() + self.cfg.heartbeat_interval
         for f in report.findings:
             was = self._published.get(f.type)
             if was != (f.status, f.reason):

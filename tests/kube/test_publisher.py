@@ -534,3 +534,27 @@ def test_a_foreign_condition_edit_is_put_back(
     time.sleep(3.0)  # steady state: nothing but the watch (and Lease renewals)
     leases = 3 / 1.0 + 1
     assert pub.writer.counters.requests - requests <= leases, pub.writer.counters
+
+
+def test_heartbeat_refreshes_every_condition_without_a_change(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    """lastHeartbeatTime moves every heartbeat_interval, in one status patch for all the
+    agent's conditions, while status and lastTransitionTime stay as they were."""
+    node = fresh_node("node-a", [])
+    pub = publisher(node, heartbeat_interval=2.0, lease_period=3600.0)
+    pub.submit(report(node))
+    wait_for(lambda: conditions(core, node).get("FabricReady"), what="the agent's conditions")
+    wait_for(lambda: our_taint(core, node) is None, what="the boot taint lifted")
+    time.sleep(0.5)  # its Event written too: steady state from here
+    first, writes = conditions(core, node), pub.status()["writes"]
+    later = wait_for(lambda: (c := conditions(core, node))["FabricReady"]["lastHeartbeatTime"]
+                     != first["FabricReady"]["lastHeartbeatTime"] and c, timeout=10,
+                     what="a heartbeat with nothing changed")
+    for ctype in CONDITION_TYPES:
+        assert later[ctype]["lastHeartbeatTime"] == later["FabricReady"]["lastHeartbeatTime"]
+        assert later[ctype]["lastTransitionTime"] == first[ctype]["lastTransitionTime"]
+        assert later[ctype]["status"] == first[ctype]["status"]
+    time.sleep(0.5)
+    assert pub.status()["writes"] - writes <= 2, "one patch per heartbeat, nothing else"
+

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from typing import Any
+
 from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
 from nodeagent.model import Finding
 from nodeagent.publish.node import (
@@ -108,3 +111,30 @@ def test_tolerations() -> None:
     problem = toleration_problem(ds, KEY, EFFECT)
     assert problem is not None and problem.startswith(
         "daemonset kube-system/rdma-dp does not tolerate the fabric taint")
+
+
+def test_fleet_staleness_follows_each_agents_lease_duration() -> None:
+    """An agent is stale once its Lease is older than the duration it renewed it for (the
+    default 60 s period and 180 s duration, or whatever its config says), unless the
+    operator gives --stale-after."""
+    from nodeagent.cli.fleet import fleet_rows
+
+    now = 1_000_000.0
+
+    def lease(node: str, age: float, duration: Any) -> dict[str, Any]:
+        stamp = datetime.fromtimestamp(now - age, tz=timezone.utc)
+        return {"metadata": {"name": f"nodeagent-{node}"},
+                "spec": {"renewTime": stamp.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                         "leaseDurationSeconds": duration}}
+
+    nodes = [{"metadata": {"name": n}} for n in ("a", "b", "c", "d")]
+    leases = [lease("a", 150, 180), lease("b", 150, 60), lease("c", 150, "x"),
+              lease("d", 200, None)]
+
+    def stale(after: float | None) -> dict[str, bool]:
+        rows = fleet_rows(nodes, leases, "rdma/x", "k", now, after, 1800)
+        return {r.node: "agent-stale" in r.flags for r in rows}
+
+    assert stale(None) == {"a": False, "b": True, "c": False, "d": True}
+    assert stale(100.0) == {"a": True, "b": True, "c": True, "d": True}
+
