@@ -91,13 +91,18 @@ def _as_dict(taint: Any) -> dict[str, Any]:
     raise TypeError(f"taint must be a mapping, got {type(taint).__name__}")
 
 
+STARTING = "AgentStarting"  # the taint's value before the agent has seen any failure
+
+
 def desired_taints(
     existing: Sequence[Mapping[str, Any]], key: str, effect: str, value: str | None
 ) -> list[dict[str, Any]] | None:
     """The whole new taint list, or None when it is already right.
 
     `value` None means our taint must be absent. Taints of other keys (and our key with
-    another effect) are kept exactly, in order.
+    another effect) are kept exactly, in order. `STARTING` accepts our taint with whatever
+    value it was registered with (a kubelet's or an autoscaler's boot taint, often without
+    one): a boot taint is then removed in one write, never rewritten first.
     """
     taints = [_as_dict(t) for t in existing]
     ours = [i for i, t in enumerate(taints) if t.get("key") == key and t.get("effect") == effect]
@@ -108,7 +113,7 @@ def desired_taints(
     want = {"key": key, "value": value, "effect": effect}
     if ours:
         first = taints[ours[0]]
-        if first.get("value") == value and len(ours) == 1:
+        if (first.get("value") == value or value == STARTING) and len(ours) == 1:
             return None
         keep = first.get("timeAdded")
         if keep:
@@ -129,7 +134,7 @@ class TaintGate:
     clear_after: float
     _healthy_since: float | None = None
     tainted: bool = True
-    reason: str = "AgentStarting"
+    reason: str = STARTING
 
     def feed(self, now: float, fabric: Finding) -> bool:
         if fabric.type != FABRIC_READY:

@@ -50,9 +50,11 @@ def test_api_server_down_then_back_catches_up_with_the_newest_state(
         own_apiserver.start(build_testenv())
         wait_for(lambda: (our_taint(core, "node-a") or {}).get("value") == "RuleMissing",
                  timeout=60, what="the newest state written once the API is back")
-        conds = {c["type"]: c for c in node_json(core, "node-a")["status"]["conditions"]}
-        assert (conds["FabricReady"]["status"], conds["FabricReady"]["reason"]) == (
-            "False", "RuleMissing")
+        # The taint is written first, the conditions in the next request.
+        wait_for(lambda: next(((c["status"], c["reason"]) for c in node_json(core, "node-a")
+                               ["status"].get("conditions") or [] if c["type"] == "FabricReady"),
+                              None) == ("False", "RuleMissing"),
+                 what="FabricReady=False (RuleMissing) on the Node")
         wait_for(lambda: pub.state.synced, what="synced again")
     finally:
         pub.stop()

@@ -558,3 +558,35 @@ def test_heartbeat_refreshes_every_condition_without_a_change(
     time.sleep(0.5)
     assert pub.status()["writes"] - writes <= 2, "one patch per heartbeat, nothing else"
 
+
+def test_a_boot_taint_without_a_value_is_removed_in_one_write(
+    core: k8s.CoreV1Api, fresh_node: Callable[..., str], publisher: Callable[..., Publisher],
+) -> None:
+    """An autoscaler's startup taint (no value): a healthy start lifts it with one write,
+    it is never first rewritten to AgentStarting."""
+    node = fresh_node("node-a", [{"key": KEY, "effect": "NoSchedule"}])
+    seen: list[list[Any]] = []
+    done = threading.Event()
+
+    def follow() -> None:  # every version of the Node's taints, as a watching client sees
+        from kubernetes import watch as k8s_watch
+
+        w = k8s_watch.Watch()
+        for event in w.stream(core.list_node, field_selector=f"metadata.name={node}",
+                              timeout_seconds=15):
+            taints = event["object"].spec.taints or []
+            seen.append([(t.key, t.value) for t in taints])
+            if done.is_set() and not taints:
+                w.stop()
+
+    watcher = threading.Thread(target=follow, daemon=True)
+    watcher.start()
+    time.sleep(0.5)
+    pub = publisher(node)
+    pub.submit(report(node))
+    wait_for(lambda: our_taint(core, node) is None, what="the boot taint lifted")
+    done.set()
+    watcher.join(timeout=20)
+    values = [v for taints in seen for k, v in taints if k == KEY]
+    assert values and set(values) == {None}, seen
+

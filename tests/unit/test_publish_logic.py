@@ -9,6 +9,7 @@ from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
 from nodeagent.model import Finding
 from nodeagent.publish.node import (
     CORDON_ANNOTATION,
+    STARTING,
     TaintGate,
     condition_updates,
     cordon_patch,
@@ -32,6 +33,18 @@ def test_taint_value_updated_in_place() -> None:
     assert desired_taints([A, ours, B], KEY, EFFECT, "New") == [
         A, {"key": KEY, "value": "New", "effect": EFFECT, "timeAdded": "2026-01-01T00:00:00Z"}, B]
     assert desired_taints([A, ours, B], KEY, EFFECT, "Old") is None  # already right
+
+
+def test_a_boot_taint_is_kept_as_registered_while_the_agent_starts() -> None:
+    """Registered by a kubelet or an autoscaler, often without a value: while the agent has
+    seen no failure it is left as it is, so a healthy start removes it in one write."""
+    boot = {"key": KEY, "effect": EFFECT}  # Karpenter's startupTaints carry no value
+    assert desired_taints([A, boot], KEY, EFFECT, STARTING) is None
+    assert desired_taints([A], KEY, EFFECT, STARTING) == [
+        A, {"key": KEY, "value": STARTING, "effect": EFFECT}]  # none there: fail closed
+    assert desired_taints([A, boot], KEY, EFFECT, "NoCarrier") == [
+        A, {"key": KEY, "value": "NoCarrier", "effect": EFFECT}]  # a failure says which
+    assert desired_taints([A, boot], KEY, EFFECT, None) == [A]  # healthy: one write
 
 
 def test_removing_our_duplicates_keeps_everything_else() -> None:
