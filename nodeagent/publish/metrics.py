@@ -2,21 +2,25 @@
 
 Fed from the loop after every pass (the same figures go to the status file); read at scrape
 time from a snapshot, so a scrape never waits for a pass and a pass never waits for a scrape.
-Names follow Prometheus conventions: `nodeagent_` prefix, base units, `_total` counters.
+Names follow Prometheus conventions and node_exporter's habits, so series join with
+`node_network_*`/`node_infiniband_*`: `nodeagent_` prefix, base units (bytes, seconds),
+`_total` counters, times as Unix timestamps, the netdev in a `device` label, a
+`nodeagent_build_info`, the process collector, no `_created` series.
 """
 
 from __future__ import annotations
 
 import logging
+import platform
 import socket
 import sys
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
@@ -28,9 +32,23 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 STATUSES = ("True", "False", "Unknown")
 
 
+def _build_info() -> GaugeMetricFamily:
+    from nodeagent import __version__
+
+    info = GaugeMetricFamily("nodeagent_build_info", "Always 1: the agent's version and the "
+                             "Python it runs on.", labels=["version", "python"])
+    info.add_metric([__version__, platform.python_version()], 1.0)
+    return info
+
+
+BUILD_INFO = _build_info()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # no _created
+
+
 class AgentMetrics(Collector):
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)  # process_* (RSS, CPU, open fds)
         self.probe_seconds = Histogram(
             "nodeagent_probe_duration_seconds", "Time one probe took within a check pass.",
             ["probe"], buckets=BUCKETS, registry=self.registry)
@@ -61,19 +79,19 @@ class AgentMetrics(Collector):
             status = self._status
         if status is None:
             return
-        now = time.time()
         cond = GaugeMetricFamily("nodeagent_condition", "1 for the condition's current "
                                  "status, 0 for the others.", labels=["condition", "status"])
-        age = GaugeMetricFamily("nodeagent_condition_seconds_since_transition",
-                                "Time since the condition last changed status.",
-                                labels=["condition"])
+        changed = GaugeMetricFamily("nodeagent_condition_last_transition_timestamp_seconds",
+                                    "When the condition last changed status (Unix time).",
+                                    labels=["condition"])
         for f in status.findings:
             for s in STATUSES:
                 cond.add_metric([f.type, s], 1.0 if f.status == s else 0.0)
             if f.type in status.since:
-                age.add_metric([f.type], max(0.0, now - status.since[f.type]))
+                changed.add_metric([f.type], status.since[f.type])
         yield cond
-        yield age
+        yield changed
+        yield BUILD_INFO
         yield from _rails(status.report.rails)
         yield from _kube(status.kubernetes)
         yield from _lustre(status.lustre or ())
@@ -81,15 +99,16 @@ class AgentMetrics(Collector):
 
 def _rails(rails: Iterable[RailStatus]) -> Iterable[Metric]:
     def gauge(name: str, doc: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=["rail", "interface"])
+        return GaugeMetricFamily(name, doc, labels=["rail", "device"])
 
     def counter(name: str, doc: str) -> CounterMetricFamily:
-        return CounterMetricFamily(name, doc, labels=["rail", "interface"])
+        return CounterMetricFamily(name, doc, labels=["rail", "device"])
 
     carrier = counter("nodeagent_rail_carrier_losses", "Carrier losses seen since start.")
     gid = gauge("nodeagent_rail_gid_index", "Index of the rail's IPv4 RoCE v2 GID now.")
     pinned = gauge("nodeagent_rail_gid_index_pinned", "Index the rail's GID is pinned to.")
-    speed = gauge("nodeagent_rail_link_speed_bits_per_second", "Link speed of the netdev.")
+    speed = gauge("nodeagent_rail_link_speed_bytes",
+                  "Link speed of the netdev in bytes per second (as node_network_speed_bytes).")
     families: dict[str, CounterMetricFamily] = {
         "netdev_tx_bytes": counter("nodeagent_rail_netdev_transmit_bytes",
                                    "Bytes the kernel stack sent on the rail (TCP etc.)."),
@@ -116,7 +135,7 @@ def _rails(rails: Iterable[RailStatus]) -> Iterable[Metric]:
         if c is None:
             continue
         if c.speed_mbps:
-            speed.add_metric(labels, c.speed_mbps * 1e6)
+            speed.add_metric(labels, c.speed_mbps * 1e6 / 8)
         for key, family in families.items():
             value = getattr(c, key)
             if value is not None:

@@ -199,7 +199,7 @@ def test_2e_kernel_traffic_is_told_from_rdma_traffic(guest: VM) -> None:
     assert rail0["rdma_tx_packets"] > 0 and rail0["rdma_tx_bytes"] is None, rail0
     metrics = guest.ssh("python3 -c \"import urllib.request; print(urllib.request.urlopen("
                         "'http://127.0.0.1:9464/metrics').read().decode())\"").stdout
-    assert 'nodeagent_rail_rdma_transmit_packets_total{interface="ens4",rail="rail0"}' in (
+    assert 'nodeagent_rail_rdma_transmit_packets_total{device="ens4",rail="rail0"}' in (
         metrics), metrics[-1500:]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from test_daemon import start, status_of
 
+import nodeagent
 from tests.kit.helpers import Netns, condition, new_netns, read_status, stop_daemon, wait_for
 
 PORT = 9464  # the namespace has a port space of its own
@@ -73,16 +74,20 @@ def test_metrics_endpoint_and_status_figures(rails_ns: Netns, agent_config: dict
                       status="True") == 1
         assert sample(text, "nodeagent_condition", condition="RoCENetworkReady",
                       status="False") == 0
-        assert (sample(text, "nodeagent_condition_seconds_since_transition",
-                       condition="FabricReady") or -1) >= 0
-        assert sample(text, "nodeagent_rail_gid_index", rail="rail0", interface="r0") == \
-            sample(text, "nodeagent_rail_gid_index_pinned", rail="rail0", interface="r0")
-        assert sample(text, "nodeagent_rail_link_speed_bits_per_second", rail="rail0",
-                      interface="r0") == 10e9, "a veth says 10000 Mb/s"
+        changed = sample(text, "nodeagent_condition_last_transition_timestamp_seconds",
+                         condition="FabricReady")
+        assert changed is not None and 0 < time.time() - changed < 120, "a Unix timestamp"
+        assert sample(text, "nodeagent_rail_gid_index", rail="rail0", device="r0") == \
+            sample(text, "nodeagent_rail_gid_index_pinned", rail="rail0", device="r0")
+        assert sample(text, "nodeagent_rail_link_speed_bytes", rail="rail0",
+                      device="r0") == 10e9 / 8, "a veth says 10000 Mb/s: bytes, as node_exporter"
         assert sample(text, "nodeagent_rail_rdma_transmit_bytes_total", rail="rail0",
-                      interface="r0") == 4000, "1000 words are 4000 bytes"
+                      device="r0") == 4000, "1000 words are 4000 bytes"
         assert sample(text, "nodeagent_rail_carrier_losses_total", rail="rail0",
-                      interface="r0") == 0
+                      device="r0") == 0
+        assert sample(text, "nodeagent_build_info", version=nodeagent.__version__) == 1
+        assert (sample(text, "process_resident_memory_bytes") or 0) > 10e6
+        assert "_created" not in text, "no _created series"
         assert (sample(text, "nodeagent_probe_duration_seconds_count", probe="netlink")
                 or 0) >= 2
         assert (sample(text, "nodeagent_probe_duration_seconds_count", probe="pass") or 0) >= 2
