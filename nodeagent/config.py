@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from nodeagent.io.files import CONFIG_MAX, describe_error, read_text_bounded
@@ -392,10 +393,12 @@ class Taint(_Strict):
 
 class Kubernetes(_Strict):
     kubeconfig: AbsPath | None = None  # None: in-cluster or $KUBECONFIG
-    taint: Taint = Taint()
+    # null: conditions only (a node-readiness-controller rule owns the taint): the agent
+    # publishes conditions and Events and never writes a taint or cordon
+    taint: Taint | None = Taint()
     cordon: bool = False
     clear_after: Duration = 30.0  # all conditions True this long before the taint is lifted
-    lease_namespace: Text = "nodeagent-system"
+    lease_namespace: str = "nodeagent-system"  # a DNS-1123 label
     lease_period: Interval = 60.0  # heartbeat: Lease renewed this often
     lease_duration: Interval | None = None  # how long a renewal holds; default 3x the period
     # lastHeartbeatTime of the agent's conditions refreshed at least this often (in the same
@@ -408,6 +411,20 @@ class Kubernetes(_Strict):
     event_rate: float = Field(default=0.2, gt=0, le=1000, allow_inf_nan=False)  # ... refilled
     #   at this many per second
 
+
+    @field_validator("lease_namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if not re.fullmatch(_DNS_LABEL, v):
+            raise ValueError(f"{_shown(v)} is not a namespace name (a DNS-1123 label)")
+        return v
+
+    @model_validator(mode="after")
+    def _cordon_needs_taint(self) -> Kubernetes:
+        if self.taint is None and self.cordon:
+            raise ValueError("cordon: true needs a taint (with taint: null the agent writes "
+                             "neither)")
+        return self
 
     def lease_seconds(self) -> float:
         """How long one Lease renewal holds: staleness in `fleet` and the alerts."""

@@ -175,7 +175,7 @@ def device_plugin_finding(
     problems: list[tuple[str, str]] = []
     if obs.daemonset is None:
         problems.append(("DaemonSetMissing", f"daemonset {dp.namespace}/{dp.daemonset} not found"))
-    else:
+    elif cfg.kubernetes.taint is not None:  # conditions only: the taint is not the agent's
         taint = cfg.kubernetes.taint
         problem = toleration_problem(obs.daemonset, taint.key, taint.effect)
         if problem:

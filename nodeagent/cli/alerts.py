@@ -77,7 +77,7 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
         ),
         _alert(
             "FabricTaintStuck",
-            f'kube_node_spec_taint{{key="{kube.taint.key}"}} == 1',
+            f'kube_node_spec_taint{{key="{kube.taint.key if kube.taint else ""}"}} == 1',
             w.taint_for, "warning",
             "Node {{ $labels.node }} has carried the fabric taint for " + w.taint_for,
             "nodeagent keeps the taint while a fabric condition fails: `kubectl describe "
@@ -104,6 +104,8 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
             "registered there, and jobs on this node cannot request the fabric.",
         ),
     ]
+    if kube.taint is None:  # conditions only: the taint belongs to a readiness rule
+        rules = [r for r in rules if r["alert"] != "FabricTaintStuck"]
     return [{"name": GROUP, "rules": rules}]
 
 

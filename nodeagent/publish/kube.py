@@ -97,8 +97,9 @@ class NodeWriter:
         def attempt() -> list[str]:
             node = fresh.pop() if fresh else self.read_node()
             meta = node.get("metadata", {})
-            want = spec_changes(node, self.cfg.taint.key, self.cfg.taint.effect, taint_value,
-                                self.cfg.cordon, cordon, reason, labels)
+            taint = self.cfg.taint
+            want = spec_changes(node, (taint.key, taint.effect) if taint else None,
+                                taint_value, self.cfg.cordon, cordon, reason, labels)
             if not want:
                 return []
             taints, cordon_change, relabel = want.taints, want.cordon, want.labels
@@ -109,11 +110,10 @@ class NodeWriter:
                 changed.append("labels " + ", ".join(
                     f"{k}={v}" if v is not None else f"{k} removed"
                     for k, v in sorted(relabel.items())))
-            if taints is not None:
+            if taints is not None and taint is not None:
                 body["spec"] = {"taints": taints}
-                changed.append(
-                    f"taint {self.cfg.taint.key}={taint_value}:{self.cfg.taint.effect}"
-                    if taint_value else f"taint {self.cfg.taint.key} removed")
+                changed.append(f"taint {taint.key}={taint_value}:{taint.effect}"
+                               if taint_value else f"taint {taint.key} removed")
             if cordon_change is not None:
                 body.setdefault("spec", {}).update(cordon_change.get("spec", {}))
                 body["metadata"].update(cordon_change["metadata"])

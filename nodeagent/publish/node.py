@@ -191,7 +191,8 @@ class SpecChanges:
         return self.taints is not None or self.cordon is not None or bool(self.labels)
 
 
-def spec_changes(node: Mapping[str, Any], key: str, effect: str, taint_value: str | None,
+def spec_changes(node: Mapping[str, Any], taint: tuple[str, str] | None,
+                 taint_value: str | None,
                  manage_cordon: bool, want_cordon: bool, reason: str,
                  labels: Mapping[str, str] | None) -> SpecChanges:
     """Our taint, cordon and fingerprint labels against the Node as read. Pure; shared by
@@ -205,5 +206,6 @@ def spec_changes(node: Mapping[str, Any], key: str, effect: str, taint_value: st
                               manage_cordon and want_cordon, reason)
     relabel = (label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, labels)
                if labels is not None else {})
-    return SpecChanges(desired_taints(spec.get("taints") or [], key, effect, taint_value),
-                       cordon, relabel)
+    taints = (desired_taints(spec.get("taints") or [], *taint, taint_value)
+              if taint is not None else None)  # conditions only: no taint is ours
+    return SpecChanges(taints, cordon, relabel)

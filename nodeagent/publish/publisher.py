@@ -53,7 +53,7 @@ class Publisher(threading.Thread):
         self.writer: NodeWriter | None = None
         self.clock = clock
         self.gate = TaintGate(cfg.clear_after)
-        self.state = PublishState()
+        self.state = PublishState(tainted=cfg.taint is not None)  # conditions only: never
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -203,7 +203,8 @@ class Publisher(threading.Thread):
         if meta.get("resourceVersion") in writer.own_versions:
             return False
         value = taint_value(self.gate.reason) if tainted else None
-        if spec_changes(node, self.cfg.taint.key, self.cfg.taint.effect, value,
+        taint = self.cfg.taint
+        if spec_changes(node, (taint.key, taint.effect) if taint else None, value,
                         self.cfg.cordon, tainted, self.gate.reason, report.labels):
             return True
         conditions = (node.get("status") or {}).get("conditions") or []
@@ -245,7 +246,7 @@ class Publisher(threading.Thread):
             else:
                 writer.event(uid, "FabricTaint", f"{change} ({self.gate.reason})", tainted)
             log.info("node %s: %s", writer.node, change)
-        self.state.tainted = tainted
+        self.state.tainted = tainted and self.cfg.taint is not None  # conditions only: never
         self.state.taint_reason = self.gate.reason
 
     def status(self) -> dict[str, Any]:

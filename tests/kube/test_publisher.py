@@ -308,7 +308,7 @@ def test_identities_are_limited_to_their_own_node(
     body = {"spec": {"taints": [{"key": KEY, "value": "x", "effect": "NoSchedule"}]}}
     assert "may only change its own Node" in forbidden(
         lambda: agent_a.patch_node(b, body, _content_type=MERGE))
-    assert "only add, change or remove taints under nodeagent.io/" in forbidden(
+    assert "may only add, change or remove its taint nodeagent.io/fabric-unready" in forbidden(
         lambda: agent_a.patch_node(a, {"spec": {"taints": []}}, _content_type=MERGE))
     status = {"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "X",
                                          "message": "spoofed"}]}}
