@@ -158,10 +158,20 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
     return "\n".join(out) + "\n"
 
 
-def render(rows: list[FleetRow], output: str, now: float, color: bool) -> str:
-    if output == "json":
-        return json.dumps([asdict(r) for r in rows], indent=2) + "\n"
-    return render_table(rows, now, wide=output == "wide", color=color)
+def render(rows: list[FleetRow], output: str, now: float, color: bool,
+           headers: bool = True) -> str:
+    if output in ("json", "yaml"):
+        doc = {"apiVersion": "v1", "kind": "List", "metadata": {},
+               "items": [asdict(r) for r in rows]}
+        if output == "yaml":
+            import yaml
+
+            return str(yaml.safe_dump(doc, sort_keys=False))
+        return json.dumps(doc, indent=2) + "\n"
+    if output == "name":
+        return "".join(f"node/{printable(r.node)}\n" for r in rows)
+    table = render_table(rows, now, wide=output == "wide", color=color)
+    return table if headers else table.split("\n", 1)[1]
 
 
 # ---------------------------------------------------------------- reading the API
@@ -222,10 +232,15 @@ class FleetSource:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    p.add_argument("--kubeconfig", help="kubeconfig, found as kubectl does: this flag, else "
+                   "the first existing file in $KUBECONFIG, else ~/.kube/config, else the "
+                   "in-cluster service account")
+    p.add_argument("--context", help="the kubeconfig context to use (default: its current)")
     p.add_argument("-l", "--selector", default="",
                    help="label selector of the fabric nodes (default: every node)")
-    p.add_argument("-o", "--output", choices=["table", "wide", "json"], default="table")
+    p.add_argument("-o", "--output", choices=["table", "wide", "json", "yaml", "name"],
+                   default="table", help="json and yaml: a v1 List of rows; name: node/<name>")
+    p.add_argument("--no-headers", action="store_true", help="tables without the header line")
     p.add_argument("-w", "--watch", action="store_true", help="redraw on every change")
     p.add_argument("--resource", default="rdma/rdma_shared_device_a",
                    help="the RDMA extended resource")
@@ -241,19 +256,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None = None) -> int:
-    from nodeagent.config import Kubernetes
-    from nodeagent.kube.api import api_client
+    from nodeagent.kube.api import user_client
 
     out = out or sys.stdout
     try:
-        api = api_client(Kubernetes(
-            kubeconfig=os.path.abspath(args.kubeconfig) if args.kubeconfig else None),
-            args.request_timeout)
+        api = user_client(args.kubeconfig, args.context, args.request_timeout)
     except Exception as exc:  # no kubeconfig, unreadable, not in a cluster
         print(f"fleet: {(str(exc).splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
         return 1
     source = FleetSource(api, args.selector, args.lease_namespace)
-    color = bool(getattr(out, "isatty", lambda: False)())
+    # Colour on a terminal only, and never with NO_COLOR set (no-color.org).
+    color = bool(getattr(out, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
 
     def draw(nodes: list[dict[str, Any]], leases: list[dict[str, Any]]) -> None:
         now = time.time()
@@ -261,7 +274,7 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
                           args.stale_after, args.taint_older)
         if args.watch and color:
             out.write("\033[H\033[J")  # redraw in place on a terminal
-        out.write(render(rows, args.output, now, color))
+        out.write(render(rows, args.output, now, color, headers=not args.no_headers))
         out.flush()
 
     if not args.watch:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,19 +40,51 @@ class ApiClient(k8s.ApiClient):
         self.rest_client.pool_manager.pool_classes_by_scheme = dict(TRACKED_POOLS)
 
 
+def _load_kubeconfig(path: Path, conf: k8s.Configuration, context: str | None = None) -> None:
+    # Read bounded (a FIFO or a huge file is refused) and parsed with the config's own YAML
+    # limits (no alias bombs), then handed to the client's loader; certificate paths inside
+    # stay relative to the kubeconfig's directory, as kubectl reads them.
+    data = safe_yaml(read_text_bounded(path, CONFIG_MAX))
+    if not isinstance(data, dict):
+        raise k8s_config.ConfigException(f"{path}: not a kubeconfig (not a mapping)")
+    KubeConfigLoader(config_dict=data, config_base_path=str(path.parent),
+                     active_context=context).load_and_set(conf)
+
+
+def kubectl_kubeconfig(flag: str | None, env: dict[str, str] | None = None,
+                       home: Path | None = None) -> Path | None:
+    """The kubeconfig kubectl would use: --kubeconfig, else the first existing file of
+    $KUBECONFIG, else ~/.kube/config when it exists; None means in-cluster."""
+    if flag:
+        return Path(flag)
+    env = dict(os.environ) if env is None else env
+    for entry in (env.get("KUBECONFIG") or "").split(os.pathsep):
+        if entry and Path(entry).expanduser().is_file():
+            return Path(entry).expanduser()
+    default = (home or Path.home()) / ".kube" / "config"
+    return default if default.is_file() else None
+
+
+def user_client(kubeconfig: str | None, context: str | None,
+                request_deadline: float = REQUEST_DEADLINE) -> ApiClient:
+    """A client for a person's command (kubectl fabric), found in kubectl's order."""
+    conf = k8s.Configuration()
+    path = kubectl_kubeconfig(kubeconfig)
+    if path is not None:
+        _load_kubeconfig(path, conf, context)
+    elif context:
+        raise k8s_config.ConfigException(f"--context {context}: no kubeconfig to find it in")
+    else:
+        k8s_config.load_incluster_config(client_configuration=conf)
+    conf.retries = False
+    return ApiClient(conf, request_deadline)
+
+
 def api_client(cfg: Kubernetes, request_deadline: float = REQUEST_DEADLINE) -> ApiClient:
     """An ApiClient from the configured kubeconfig, else in-cluster, else $KUBECONFIG."""
     conf = k8s.Configuration()
     if cfg.kubeconfig:
-        # Read bounded (a FIFO or a huge file is refused) and parsed with the config's own
-        # YAML limits (no alias bombs), then handed to the client's loader; certificate
-        # paths inside stay relative to the kubeconfig's directory, as kubectl reads them.
-        path = Path(cfg.kubeconfig)
-        data = safe_yaml(read_text_bounded(path, CONFIG_MAX))
-        if not isinstance(data, dict):
-            raise k8s_config.ConfigException(f"{path}: not a kubeconfig (not a mapping)")
-        KubeConfigLoader(config_dict=data, config_base_path=str(path.parent)).load_and_set(
-            conf)
+        _load_kubeconfig(Path(cfg.kubeconfig), conf)
     else:
         try:
             k8s_config.load_incluster_config(client_configuration=conf)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -98,7 +99,9 @@ def test_json_rows_flag_what_needs_attention(apiserver: ApiServer, fleet: dict[s
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fleet", "--kubeconfig", kubeconfig(apiserver, tmp_path), "-l", "fabric=true",
                  "-o", "json"]) == 0
-    rows = {r["node"]: r for r in json.loads(capsys.readouterr().out)}
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    rows = {r["node"]: r for r in listed["items"]}
     assert len(rows) == N and "cpu-0" not in rows
     assert rows["fleet-1"]["tainted"] and rows["fleet-1"]["taint_reason"] == "RuleMissing"
     assert rows["fleet-1"]["flags"] == ["taint-old"]
@@ -122,6 +125,37 @@ def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], t
     assert sorted(flagged) == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
     row1 = next(line for line in lines if line.startswith("fleet-1 "))
     assert "False RuleMissing" in row1 and " 60m " in row1 and "8/8" in row1
+
+
+def test_kubectl_output_modes_context_and_kubeconfig_from_the_environment(
+        apiserver: ApiServer, fleet: dict[str, Any], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As kubectl: the kubeconfig from $KUBECONFIG when no flag says otherwise (a missing
+    first entry skipped), --context picks a context, -o yaml/name, --no-headers."""
+    path = Path(kubeconfig(apiserver, tmp_path))
+    doc = yaml.safe_load(path.read_text())
+    doc["contexts"].append({"name": "elsewhere", "context": {"cluster": "nowhere",
+                                                            "user": doc["users"][0]["name"]}})
+    doc["clusters"].append({"name": "nowhere", "cluster": {
+        "server": "https://127.0.0.1:1", "insecure-skip-tls-verify": True}})
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{path}")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config to fall back on
+
+    assert main(["fleet", "-l", "fabric=true", "-o", "name"]) == 0
+    names = capsys.readouterr().out.split()
+    assert len(names) == N and all(n.startswith("node/fleet-") for n in names)
+    assert main(["fleet", "-l", "fabric=true", "-o", "yaml"]) == 0
+    listed = yaml.safe_load(capsys.readouterr().out)
+    assert listed["kind"] == "List" and len(listed["items"]) == N
+    assert main(["fleet", "-l", "fabric=true", "--no-headers"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == N and not lines[0].startswith("NODE")
+    assert main(["fleet", "--context", "elsewhere"]) == 1  # that context's server is not there
+    assert capsys.readouterr().err.startswith("fleet: cannot list nodes and leases:")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert main(["fleet", "--context", "elsewhere"]) == 1  # nothing found: one line
+    assert "no kubeconfig" in capsys.readouterr().err
 
 
 def test_watch_redraws_on_change(apiserver: ApiServer, fleet: dict[str, Any],

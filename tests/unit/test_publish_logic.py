@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
@@ -151,3 +152,18 @@ def test_fleet_staleness_follows_each_agents_lease_duration() -> None:
     assert stale(None) == {"a": False, "b": True, "c": False, "d": True}
     assert stale(100.0) == {"a": True, "b": True, "c": True, "d": True}
 
+
+
+def test_kubeconfig_is_found_in_kubectls_order(tmp_path: Path) -> None:
+    from nodeagent.kube.api import kubectl_kubeconfig
+
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    a, b = tmp_path / "a", tmp_path / "b"
+    b.write_text("{}")
+    env = {"KUBECONFIG": f"{a}:{b}"}
+    assert kubectl_kubeconfig("/x/flag", env, home) == Path("/x/flag")  # the flag first
+    assert kubectl_kubeconfig(None, env, home) == b  # then $KUBECONFIG's first existing
+    assert kubectl_kubeconfig(None, {}, home) is None  # nothing: in-cluster
+    (home / ".kube" / "config").write_text("{}")
+    assert kubectl_kubeconfig(None, {"KUBECONFIG": str(a)}, home) == home / ".kube" / "config"
