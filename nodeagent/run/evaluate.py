@@ -324,14 +324,16 @@ class Evaluator:
         everywhere = full and self._gid_stale_everywhere
         if everywhere or self._gid_stale_rails:
             devices = None if everywhere else self._rail_devices()
+            # Cleared before the read: a repair made while it waits (the daemon's deletions)
+            # marks the table stale again for the next pass.
+            self._gid_stale_rails = False
+            if devices is None:
+                self._gid_stale_everywhere = False
             started = time.perf_counter()
             self.gid_table = (
                 read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
                 if cfg.rails else GidTable(source="none"))
             self.timings["gid"] = time.perf_counter() - started
-            self._gid_stale_rails = False
-            if devices is None:
-                self._gid_stale_everywhere = False
         errors.extend(self.gid_table.errors)
         self.qps = None
         if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins).shifts:
