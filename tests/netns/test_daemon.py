@@ -45,6 +45,14 @@ def start(ns: Netns, cfg_data: dict[str, Any], path: Path) -> subprocess.Popen[s
     return proc
 
 
+def stop_cleanly(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM: exit 0, no traceback in the log; the log."""
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+    assert "Traceback" not in out, out
+    return out
+
+
 @pytest.fixture
 def daemon_config(agent_config: dict[str, Any]) -> dict[str, Any]:
     agent_config["resync_interval"] = "1h"  # only events may drive the repairs under test
@@ -105,9 +113,7 @@ def test_deletions_in_a_burst_are_all_repaired_while_passes_run(
     repairs = next(r for r in status_of(daemon_config)["rails"]  # type: ignore[index]
                    if r["name"] == "rail0")["repairs_total"]
     assert repairs.get("AddressMissing", 0) >= 1, repairs
-    code, out = stop_daemon(proc)
-    assert code == 0, out
-    assert "Traceback" not in out, out
+    stop_cleanly(proc)
 
 
 def test_the_daemon_never_writes_an_observed_rail(
@@ -336,9 +342,7 @@ def test_sighup_never_kills_whatever_the_file_holds(
     proc.send_signal(signal.SIGHUP)
     wait_for(lambda: (status_of(daemon_config) or {}).get("daemon", {}).get("reload_error", 1)
              is None, what="a good reload clears the error")
-    code, out = stop_daemon(proc)
-    assert code == 0, out
-    assert "Traceback" not in out, out
+    stop_cleanly(proc)
 
 
 def test_netlink_overflow_forces_a_resync_not_a_crash(
