@@ -43,6 +43,7 @@ def test_single_manifest_platform_comes_from_its_config(registry: Registry,
                                                         tmp_path: Path) -> None:
     c = client(registry, tmp_path)
     arm = c.image_platforms(f"{registry.host}/rdma/dp:arm64")
+    assert arm.error is None, arm.error  # (failed once in a clean CI run, not reproduced)
     assert (arm.digest, arm.platforms) == (registry.images["arm64"], (Platform("linux", "arm64"),))
     amd = c.image_platforms(f"{registry.host}/rdma/dp@{registry.images['amd64']}")
     assert amd.platforms == (AMD64,), "a Docker v2 manifest is read the same way"
