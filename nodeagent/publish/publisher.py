@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 from nodeagent.config import Kubernetes
 from nodeagent.kube.backoff import Backoff
 from nodeagent.model import FABRIC_READY, Finding, Status
-from nodeagent.publish.node import TaintGate, condition_updates, spec_changes, taint_value
+from nodeagent.publish.node import (
+    STARTING,
+    TaintGate,
+    condition_updates,
+    spec_changes,
+    taint_value,
+)
 
 if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes section exists
     from nodeagent.kube.watch import WatchedCollection
@@ -35,7 +41,7 @@ class PublishState:
     synced: bool = False
     last_error: str | None = None
     tainted: bool = True
-    taint_reason: str = "AgentStarting"
+    taint_reason: str = STARTING
 
 
 class Publisher(threading.Thread):

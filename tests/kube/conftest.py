@@ -78,3 +78,14 @@ def fresh_node(core: k8s.CoreV1Api) -> Callable[..., str]:
 @pytest.fixture
 def kube_tmp(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture
+def own_apiserver(tmp_path: Path) -> Iterator[ApiServer]:
+    """An API server of this test's own (deploy/ applied), free to be stopped, started
+    again or given other policies."""
+    server = start_apiserver(tmp_path / "apiserver")
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -5,11 +5,9 @@ taint) an agent may write no taint and no cordon at all, while its conditions go
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -19,21 +17,12 @@ from nodeagent.cli.deploy import render
 from nodeagent.config import parse_config
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
-from tests.kit.apiserver import ApiServer, node_json, start_apiserver
+from tests.kit.apiserver import ApiServer, node_json
 from tests.kit.helpers import wait_for
 
 STRATEGIC = "application/strategic-merge-patch+json"
 OTHER = "ignore-taint.cluster-autoscaler.kubernetes.io/fabric"
 FOREIGN = {"key": "example.com/gpu", "value": "x", "effect": "NoSchedule"}
-
-
-@pytest.fixture
-def own_apiserver(tmp_path: Path) -> Iterator[ApiServer]:
-    server = start_apiserver(tmp_path / "apiserver")  # deploy/ (the default key) applied
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def apply_policies(server: ApiServer, config: dict[str, Any]) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, kcfg, our_taint, report
 
@@ -16,18 +14,8 @@ from nodeagent.model import Report, Status
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
-from tests.kit.apiserver import ApiServer, build_testenv, node_json, start_apiserver
+from tests.kit.apiserver import ApiServer, build_testenv, node_json
 from tests.kit.helpers import wait_for
-
-
-@pytest.fixture
-def own_apiserver(tmp_path: Path) -> Iterator[ApiServer]:
-    """An API server of this test's own, free to be stopped and started again."""
-    server = start_apiserver(tmp_path / "apiserver")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def test_api_server_down_then_back_catches_up_with_the_newest_state(
