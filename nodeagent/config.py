@@ -310,6 +310,16 @@ class Registry(_Strict):
     max_bytes: int = Field(default=4 << 20, ge=1024, le=1 << 30)  # larger replies are refused
 
 
+class Runtime(_Strict):
+    """What the node's container runtime knows of the plugin's pod: its pulled image's
+    platform (containerd's content store) and its containers' newest log lines (the
+    kubelet's pod logs, where `exec format error` is written). Files only, read as root."""
+
+    enabled: bool = True
+    content_store: AbsPath = Path("/var/lib/containerd/io.containerd.content.v1.content")
+    pod_logs: AbsPath = Path("/var/log/pods")  # the kubelet's podLogsDir
+
+
 class DevicePlugin(_Strict):
     namespace: Text = "kube-system"
     daemonset: Text = "rdma-shared-dp-ds"
@@ -317,6 +327,7 @@ class DevicePlugin(_Strict):
     min_allocatable: int = Field(default=1, ge=0, le=1 << 20)
     interval: Interval = 30.0  # how often its objects are read (off the main loop)
     registry: Registry = Registry()
+    runtime: Runtime = Runtime()
 
 
 class FabricTraffic(_Strict):

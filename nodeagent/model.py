@@ -291,6 +291,10 @@ class DevicePluginObservation:
     error: str | None = None  # the API could not be read: every fact is Unknown
     images: tuple[ImagePlatforms, ...] = ()  # what the registry says the plugin's images offer
     machine: str = ""  # this host's uname machine (x86_64, aarch64): the platform variant
+    # From this node's container runtime, for the newest plugin pod: the platform of each
+    # container's pulled image (by container name) and its newest log lines.
+    runtime_images: dict[str, ImagePlatforms] = field(default_factory=dict)
+    log_lines: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,19 @@ def node_platform(node: Mapping[str, Any] | None, machine: str) -> Platform:
                     variant if arch == local_arch else "")
 
 
+def newest_pod(obs: DevicePluginObservation) -> dict[str, Any] | None:
+    """The plugin's newest pod on this node: the one the DaemonSet keeps (an older one is
+    leaving)."""
+    if not obs.pods:
+        return None
+    return max(obs.pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
+
+
 def plugin_images(obs: DevicePluginObservation) -> list[str]:
     """The images to look up: what the newest plugin pod here runs (the digest it ran, else
     its spec image), else what the DaemonSet would run."""
-    if obs.pods:
-        pod = max(obs.pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
+    pod = newest_pod(obs)
+    if pod is not None:
         statuses = {cs.get("name"): cs for cs in pod.get("status", {}).get("containerStatuses")
                     or []}
         images = []
@@ -110,6 +118,43 @@ def image_facts(images: Iterable[ImagePlatforms],
                              f"node is {node}: it cannot run here"))
         else:
             notes.append(f"image {node} verified ({img.digest[:19]})")
+    return problems, notes
+
+
+def runtime_facts(obs: DevicePluginObservation,
+                  node: Platform) -> tuple[list[tuple[str, str]], list[str]]:
+    """(problems, notes) from this node's runtime: a pulled image of another platform, or a
+    container whose newest log lines say `exec format error` (the binary inside does not
+    run here, whatever the image's config claims). Both are ImageArchMismatch, registry or
+    not; one problem per container, the log first (it is what actually happened)."""
+    pod = newest_pod(obs)
+    if pod is None:
+        return [], []
+    name = f"pod {pod.get('metadata', {}).get('namespace')}/{pod.get('metadata', {}).get('name')}"
+    problems: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        container = str(cs.get("name") or "")
+        stored = obs.runtime_images.get(container)
+        said = ""
+        if stored is not None and stored.platforms:
+            said = f", built for {', '.join(str(p) for p in stored.platforms)}"
+        image = f"image {cs.get('image')} ({cs.get('imageID') or 'digest unknown'}{said})"
+        failed = next((line for line in obs.log_lines.get(container, [])
+                       if "exec format error" in line), None)
+        if failed is not None:
+            problems.append(("ImageArchMismatch",
+                             f"{name} container {container} logged {failed.strip()!r}: {image} "
+                             f"does not run on this node ({node})"))
+        elif stored is not None and stored.platforms and not any(
+                node.runs(p) for p in stored.platforms):
+            problems.append(("ImageArchMismatch",
+                             f"{name} container {container}: the runtime pulled {image}; this "
+                             f"node is {node}: it cannot run here"))
+        elif stored is not None and stored.platforms:
+            notes.append(f"pulled image {node} verified by the runtime")
+        elif stored is not None and stored.error:
+            notes.append(f"pulled image platform not verified ({stored.image}): {stored.error}")
     return problems, notes
 
 
@@ -183,13 +228,17 @@ def device_plugin_finding(
     if not obs.pods:
         problems.append(("PluginPodMissing",
                          f"no pod of daemonset {dp.namespace}/{dp.daemonset} on this node"))
-    else:
-        newest = max(obs.pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
+    node = node_platform(obs.node, obs.machine)
+    newest = newest_pod(obs)
+    runtime_problems, runtime_notes = runtime_facts(obs, node)
+    problems.extend(runtime_problems)  # what the pod ran into comes before how it is doing
+    if newest is not None:
         found = pod_problem(newest, seen_ready)
-        if found:
+        if found and not (runtime_problems and found[0] == "ImageArchMismatch"):
             problems.append(found)
-    image_problems, notes = image_facts(obs.images, node_platform(obs.node, obs.machine))
-    problems.extend(image_problems)
+    image_problems, notes = image_facts(obs.images, node)
+    problems.extend(p for p in image_problems if not runtime_problems)
+    notes = runtime_notes + notes
     node_status = (obs.node or {}).get("status", {})
     allocatable = quantity((node_status.get("allocatable") or {}).get(dp.resource))
     capacity = quantity((node_status.get("capacity") or {}).get(dp.resource))

@@ -99,6 +99,19 @@ def read_bytes_bounded(path: str | os.PathLike[str], limit: int, dir_fd: int | N
         os.close(fd)
 
 
+def read_tail(path: str | os.PathLike[str], size: int) -> bytes:
+    """The last `size` bytes of a regular file (a log's newest lines), whatever its length.
+    Same guards as read_bytes_bounded: no FIFO wait, type checked on the descriptor."""
+    fd = open_counted(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _require_regular(fd, path)
+        end = os.fstat(fd).st_size
+        start = max(0, end - size)
+        return os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+
+
 def read_attribute(path: str | os.PathLike[str], dir_fd: int | None = None) -> str:
     """A sysfs or procfs attribute: a regular file read once, at most a page (the kernel
     shows an attribute in one page). Text, stripped; undecodable bytes replaced."""

@@ -136,7 +136,7 @@ def load_credentials(path: Path | None) -> dict[str, tuple[str, str]]:
     return creds
 
 
-def _platform(entry: Any) -> Platform | None:
+def platform_of(entry: Any) -> Platform | None:
     if not isinstance(entry, dict):
         return None
     os_, arch = entry.get("os"), entry.get("architecture")
@@ -224,7 +224,7 @@ class RegistryClient:
             manifests = body.get("manifests")
             if not isinstance(manifests, list):
                 raise RegistryError(f"{ref}: index without a manifests list")
-            found = [p for p in (_platform(m.get("platform") if isinstance(m, dict) else None)
+            found = [p for p in (platform_of(m.get("platform") if isinstance(m, dict) else None)
                                  for m in manifests) if p]
             return tuple(dict.fromkeys(found))
         if media_type in SCHEMA1_TYPES or body.get("schemaVersion") == 1:
@@ -240,7 +240,7 @@ class RegistryClient:
         data, _ = self._get(ref, f"/v2/{ref.repository}/blobs/{config_digest}", {}, deadline)
         if "sha256:" + hashlib.sha256(data).hexdigest() != config_digest:
             raise RegistryError(f"{ref}: image config does not match its digest")
-        platform = _platform(self._json(data, f"{ref} image config"))
+        platform = platform_of(self._json(data, f"{ref} image config"))
         if platform is None:
             raise RegistryError(f"{ref}: image config declares no os/architecture")
         return (platform,)

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.checks.deviceplugin import is_ready, plugin_images
-from nodeagent.config import Config, DevicePlugin, Registry
+from nodeagent.checks.deviceplugin import is_ready, newest_pod, plugin_images
+from nodeagent.config import Config, DevicePlugin, Registry, Runtime
 from nodeagent.io.files import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
+from nodeagent.probes.runtime import container_log_lines, stored_image_platforms
 from nodeagent.run.work import Deliver, PluginSeen
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,12 @@ def plugin_reader(
             obs: DevicePluginObservation = reader(dp).device_plugin(dp)
         except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
             return DevicePluginObservation(error=(str(exc).splitlines() or ["?"])[0][:300])
-        if obs.error or not dp.registry.verify_platform:
+        if obs.error:
+            return obs
+        obs = replace(obs, machine=platform.machine())
+        if dp.runtime.enabled:
+            obs = with_runtime_facts(obs, dp.runtime)
+        if not dp.registry.verify_platform:
             return obs
         images = plugin_images(obs)
         try:
@@ -66,9 +72,26 @@ def plugin_reader(
             found = tuple(client.image_platforms(image) for image in images)
         except RegistryError as exc:  # e.g. an unreadable docker config
             found = tuple(ImagePlatforms(image=image, error=str(exc)) for image in images)
-        return replace(obs, images=found, machine=platform.machine())
+        return replace(obs, images=found)
 
     return read
+
+
+def with_runtime_facts(obs: DevicePluginObservation, runtime: Runtime) -> DevicePluginObservation:
+    """The newest plugin pod's pulled images and newest log lines, as this node's runtime
+    stored them."""
+    pod = newest_pod(obs)
+    if pod is None:
+        return obs
+    images: dict[str, ImagePlatforms] = {}
+    logs: dict[str, list[str]] = {}
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        name = str(cs.get("name") or "")
+        if cs.get("imageID"):
+            images[name] = stored_image_platforms(runtime.content_store, str(cs.get("image")),
+                                                  str(cs["imageID"]))
+        logs[name] = container_log_lines(runtime.pod_logs, pod, name)
+    return replace(obs, runtime_images=images, log_lines=logs)
 
 
 def registry_client(reg: Registry) -> RegistryClient:
