@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
+from kubernetes.client.exceptions import ApiException
 
 from tests.kit.helpers import free_port
 from tests.kit.pki import new_key, pem_key, write_serving_pki
@@ -28,24 +29,31 @@ CACHE = ROOT / ".cache" / "testenv"
 AGENT_GROUP = "nodeagent:agents"
 
 
-def _source_hash() -> str:
+def source_hash() -> str:
+    """A hash of the module's go.mod, go.sum and every Go file: what every build here is
+    cached by."""
     h = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        h.update((TESTENV_SRC / name).read_bytes())
+    files = [TESTENV_SRC / "go.mod", TESTENV_SRC / "go.sum", *sorted(TESTENV_SRC.rglob("*.go"))]
+    for path in files:
+        h.update(str(path.relative_to(TESTENV_SRC)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def go_binary() -> str:
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not Path(go).exists():
+        raise RuntimeError("kube tests need Go to build tools/testenv (no `go` on PATH)")
+    return go
 
 
 def build_testenv() -> Path:
     """The testenv binary, built when missing or when its source changed. Fails loudly."""
-    binary = CACHE / f"testenv-{_source_hash()}"
+    binary = CACHE / f"testenv-{source_hash()}"
     if binary.exists():
         return binary
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    if not Path(go).exists():
-        raise RuntimeError("kube tests need Go to build tools/testenv (no `go` on PATH)")
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = binary.with_suffix(".tmp")
-    res = subprocess.run([go, "build", "-o", str(tmp), "."], cwd=TESTENV_SRC,
+    res = subprocess.run([go_binary(), "build", "-o", str(tmp), "."], cwd=TESTENV_SRC,
                          capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"building tools/testenv failed:\n{res.stderr[-4000:]}")
@@ -196,6 +204,28 @@ def start_apiserver(workdir: Path) -> ApiServer:
         server.stop()
         raise
     return server
+
+
+def wait_policy_enforced(server: ApiServer, timeout: float = 60.0) -> None:
+    """ValidatingAdmissionPolicies take effect a moment after creation: wait until a write
+    the policy forbids (agent of node-a tainting node-b) is refused."""
+    admin = k8s.CoreV1Api(server.client("admin"))
+    try:
+        admin.create_node({"metadata": {"name": "policy-probe"}})  # type: ignore[arg-type]
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    agent = k8s.CoreV1Api(server.client("agent-node-a"))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            agent.patch_node("policy-probe", {"metadata": {"labels": {"x": "y"}}},
+                             _content_type="application/merge-patch+json")
+        except ApiException as exc:
+            if exc.status in (403, 422) and "own Node" in str(exc.body):
+                return
+        time.sleep(0.5)
+    raise RuntimeError("the nodeagent admission policy was not enforced within 60s")
 
 
 def node_json(core: k8s.CoreV1Api, name: str) -> dict[str, Any]:

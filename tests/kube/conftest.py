@@ -9,29 +9,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.kit.apiserver import ApiServer, start_apiserver
-
-
-def wait_policy_enforced(server: ApiServer, timeout: float = 60.0) -> None:
-    """ValidatingAdmissionPolicies take effect a moment after creation: wait until a write
-    the policy forbids (agent of node-a tainting node-b) is refused."""
-    admin = k8s.CoreV1Api(server.client("admin"))
-    try:
-        admin.create_node({"metadata": {"name": "policy-probe"}})  # type: ignore[arg-type]
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    agent = k8s.CoreV1Api(server.client("agent-node-a"))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            agent.patch_node("policy-probe", {"metadata": {"labels": {"x": "y"}}},
-                             _content_type="application/merge-patch+json")
-        except ApiException as exc:
-            if exc.status in (403, 422) and "own Node" in str(exc.body):
-                return
-        time.sleep(0.5)
-    raise RuntimeError("the nodeagent admission policy was not enforced within 60s")
+from tests.kit.apiserver import ApiServer, start_apiserver, wait_policy_enforced
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,191 @@
+"""The device-plugin story on a real kubelet, containerd and runc: boot fail-closed, the
+wrong-architecture incident, the fix rolling out, a kubelet restart, and both writers of
+`status.conditions` side by side. Every pod status, allocatable and log line here is the
+real stack's, not the test's.
+
+The tests share node-a (one kubelet) and run in file order, as the story does; each sets
+the plugin pod it needs itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.kit.apiserver import ApiServer
+from tests.kit.helpers import LoopbackBridge, Netns, stop_daemon, wait_for, write_config
+from tests.kit.kubelet import Node, host_traces
+from tests.kubelet.conftest import (
+    ARM64,
+    DEVICES,
+    GOOD,
+    MISLABELED,
+    allocatable,
+    condition,
+    node_json,
+    our_taint,
+    run_plugin,
+)
+
+PLUGIN = "RDMADevicePluginReady"
+
+
+@pytest.fixture
+def agent(apiserver: ApiServer, node: Node, rails_ns: Netns, agent_settings: dict[str, Any],
+          tmp_path: Path) -> Iterator[Any]:
+    rails_ns.ip("link", "set", "lo", "up")
+    bridge = LoopbackBridge(rails_ns.name, apiserver.port)
+    proc = rails_ns.start_daemon(write_config(tmp_path / "agent.yaml", agent_settings))
+    try:
+        yield proc
+    finally:
+        code, out = stop_daemon(proc)
+        bridge.close()
+        assert code == 0, out
+
+
+def plugin_reason(core: k8s.CoreV1Api) -> str | None:
+    return condition(core, PLUGIN).get("reason")
+
+
+def test_a_node_leaves_nothing_on_the_host(apiserver: ApiServer, core: k8s.CoreV1Api,
+                                           tmp_path: Path) -> None:
+    """containerd, the kubelet and a running pod, then teardown: no process, mount, cgroup,
+    sysctl change, plugin socket or log link left (compared with before). First in the file:
+    node-a (the session's node) would share the host's cgroups and plugin directory."""
+    other = Node(apiserver, tmp_path / "node", "node-b")
+    before = host_traces(other.workdir)
+    try:
+        other.start()
+        other.import_image("nodeagent.test/idle:1", "pause")
+        other.wait_registered(core)
+        core.create_namespaced_service_account(  # no controller-manager makes it
+            "default", {"metadata": {"name": "default"}})  # type: ignore[arg-type]
+        core.create_namespaced_pod("default", {  # type: ignore[arg-type]
+            "metadata": {"name": "idle"},
+            # hostNetwork: a loopback-only CNI gives a pod no address (containerd refuses it)
+            "spec": {"nodeName": "node-b", "automountServiceAccountToken": False,
+                     "hostNetwork": True,
+                     "containers": [{"name": "idle", "image": "nodeagent.test/idle:1",
+                                     "imagePullPolicy": "Never"}]}})
+        wait_for(lambda: any(c.type == "Ready" and c.status == "True" for c in
+                             core.read_namespaced_pod("idle", "default").status.conditions
+                             or []), 60, "the pod running")
+        during = host_traces(other.workdir)
+        assert during["processes"] and during["mounts"]  # the comparison can fail
+    finally:
+        other.stop()
+    assert host_traces(other.workdir) == before
+
+
+def test_boot_fails_closed_until_rails_plugin_and_resource_hold(
+        core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any) -> None:
+    # The kubelet registered the node with the fabric taint; nothing has lifted it.
+    assert (our_taint(core) or {}).get("value") == "AgentStarting"
+    wait_for(lambda: plugin_reason(core) == "PluginPodMissing", 30,
+             "the agent to say the plugin pod is missing")
+    assert our_taint(core) is not None  # rails are fine, the plugin is not: still tainted
+
+    seen: list[tuple[float, bool, int]] = []  # (time, tainted, allocatable) as watched
+
+    def lifted() -> bool:
+        tainted, alloc = our_taint(core) is not None, allocatable(core)
+        seen.append((time.monotonic(), tainted, alloc))
+        return not tainted
+
+    run_plugin(apiserver, GOOD)
+    wait_for(lifted, 60, "the taint lifted once the plugin is Ready and advertises")
+    assert condition(core, PLUGIN)["status"] == "True"
+    assert allocatable(core) >= DEVICES
+    # Never untainted while the resource was not yet advertised.
+    assert all(tainted or alloc >= DEVICES for _, tainted, alloc in seen)
+    assert condition(core, "FabricReady")["status"] == "True"
+
+
+def test_wrong_architecture_image_is_named_from_the_runtime(
+        core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any) -> None:
+    wait_for(lambda: our_taint(core) is None, 60, "a healthy node first")
+    started = time.monotonic()
+    run_plugin(apiserver, ARM64)
+    wait_for(lambda: plugin_reason(core) == "ImageArchMismatch", 60,
+             "ImageArchMismatch on the Node")
+    took = time.monotonic() - started
+    message = condition(core, PLUGIN)["message"]
+    # The image, what the runtime says it is built for, and the node's platform.
+    assert ARM64 in message and "linux/arm64" in message and "linux/amd64" in message, message
+    assert "exec format error" in message, message
+    assert (our_taint(core) or {}).get("value") == "ImageArchMismatch"
+    # The real stack's own shape of the incident: no message in the pod's status.
+    pod = k8s.CoreV1Api(apiserver.client("admin")).list_namespaced_pod("kube-system").items[0]
+    states = [cs.last_state.terminated or cs.state.terminated
+              for cs in pod.status.container_statuses or []]
+    assert all(s is None or not s.message for s in states)
+    print(f"pod created -> ImageArchMismatch on the Node: {took:.1f} s")
+
+
+def test_mislabeled_image_is_caught_by_its_log(
+        core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any) -> None:
+    """Its config says linux/amd64 (the registry and the runtime agree it fits); its binary is
+    arm64. Only the container's log line tells."""
+    run_plugin(apiserver, MISLABELED)
+    wait_for(lambda: plugin_reason(core) == "ImageArchMismatch"
+             and MISLABELED in condition(core, PLUGIN)["message"], 60,
+             "ImageArchMismatch for the mislabeled image")
+    assert "exec format error" in condition(core, PLUGIN)["message"]
+
+
+def test_the_fix_rolls_out_and_the_taint_is_lifted(
+        core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any) -> None:
+    run_plugin(apiserver, ARM64)
+    wait_for(lambda: plugin_reason(core) == "ImageArchMismatch", 60, "the incident")
+    run_plugin(apiserver, GOOD)
+    wait_for(lambda: our_taint(core) is None, 60, "the taint lifted after the fix")
+    assert plugin_reason(core) == "PluginReady"
+    assert allocatable(core) == DEVICES
+
+
+def test_kubelet_restart_drops_the_resource_until_the_plugin_registers_again(
+        core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any) -> None:
+    """What a kubelet restart looks like to the agent: allocatable drops to 0 (the kubelet
+    forgets every plugin), ResourceNotAdvertised, then back when the plugin re-registers.
+    The agent taints at once on a failing condition and lifts only after `clear_after`: a
+    restart taints the node for its length plus the dwell (documented in the README)."""
+    run_plugin(apiserver, GOOD)
+    wait_for(lambda: our_taint(core) is None and allocatable(core) == DEVICES, 60, "healthy")
+    timeline: list[tuple[float, str, int, bool]] = []
+    start = time.monotonic()
+
+    def record() -> tuple[str | None, int, bool]:
+        reason, alloc, tainted = plugin_reason(core), allocatable(core), our_taint(core) is not None
+        timeline.append((time.monotonic() - start, str(reason), alloc, tainted))
+        return reason, alloc, tainted
+
+    node.stop_kubelet()
+    node.start_kubelet()
+    wait_for(lambda: record()[0] == "ResourceNotAdvertised", 60, "ResourceNotAdvertised")
+    assert record()[2], "a node without the resource must be tainted"
+    wait_for(lambda: record() == ("PluginReady", DEVICES, False), 90,
+             "recovery after the plugin registered again")
+    # The kubelet's own node status kept flowing, and the agent's conditions stayed.
+    assert condition(core, "Ready")["status"] == "True"
+    changes = [t for i, t in enumerate(timeline) if i == 0 or t[1:] != timeline[i - 1][1:]]
+    print("kubelet restart timeline (s, reason, allocatable, tainted):",
+          [(round(t, 1), r, a, x) for t, r, a, x in changes])
+
+
+def test_agent_conditions_survive_the_kubelets_status_updates(
+        core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any) -> None:
+    wait_for(lambda: condition(core, "FabricReady").get("status") == "True", 60, "healthy")
+    kubelet_beat = condition(core, "Ready")["lastHeartbeatTime"]
+    # nodeStatusUpdateFrequency is 2 s here: wait for several kubelet writes.
+    wait_for(lambda: condition(core, "Ready")["lastHeartbeatTime"] != kubelet_beat, 30,
+             "a kubelet status update")
+    time.sleep(5)
+    types = {c["type"] for c in node_json(core)["status"]["conditions"]}
+    assert {"Ready", "MemoryPressure", "FabricReady", PLUGIN, "RoCENetworkReady"} <= types
+    assert condition(core, "Ready")["lastHeartbeatTime"] != kubelet_beat
