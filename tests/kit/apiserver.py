@@ -20,12 +20,12 @@ from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
 from kubernetes.client.exceptions import ApiException
 
-from tests.kit.helpers import free_port
+from tests.kit.helpers import build_cache, free_port
 from tests.kit.pki import new_key, pem_key, write_serving_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTENV_SRC = ROOT / "tools" / "testenv"
-CACHE = ROOT / ".cache" / "testenv"
+CACHE = build_cache("testenv")
 AGENT_GROUP = "nodeagent:agents"
 
 

@@ -22,6 +22,15 @@ import yaml
 PYTHON = sys.executable
 
 
+def build_cache(name: str) -> Path:
+    """Where builds keyed by a source or recipe hash are kept: outside the checkout
+    ($NODEAGENT_CACHE, default ~/.cache/nodeagent), so a fresh clone on the same machine
+    reuses them; a changed source gets a new hash, never a stale build."""
+    root = os.environ.get("NODEAGENT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nodeagent")
+    return Path(root) / name
+
+
 def require_root_netns() -> None:
     """Fail (never skip) when the real parts these tests need are missing."""
     if os.geteuid() != 0:

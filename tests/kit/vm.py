@@ -2,7 +2,8 @@
 and systemd-networkd, booted with qemu, driven over ssh, with true carrier loss through the
 QEMU monitor (`set_link`).
 
-The image is built from Debian packages only (debootstrap) into `.cache/lab/<recipe hash>/`
+The image is built from Debian packages only (debootstrap) into
+`<build cache>/lab/<recipe hash>/` (tests.kit.helpers.build_cache)
 and rebuilt only when the recipe below changes. Each boot runs on a throwaway qcow2 overlay.
 KVM is used when a guest really boots with it; on machines where it hangs early the boot
 times out quickly and TCG takes over.
@@ -24,8 +25,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.kit.helpers import build_cache
+
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "lab"
+CACHE = build_cache("lab")
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = [
     "linux-image-amd64", "systemd-sysv", "udev", "kmod", "iproute2", "rdma-core",
