@@ -1,8 +1,9 @@
 """Prometheus alerting rules for what the node itself cannot report: a fleet-wide view from
-kube-state-metrics series. The incident behind them: a device-plugin DaemonSet never Ready for
-271 days, with no alert. Generated from the agent's config (DaemonSet, resource, taint key,
-Lease namespace) so the rules watch exactly what the agents enforce; `deploy/alerts/` holds
-the output for the default config.
+kube-state-metrics series, and one from the agents' own metrics (why a plugin cannot run).
+The incident behind them: a device-plugin DaemonSet never Ready for 271 days, with no alert.
+Generated from the agent's config (DaemonSet, resource, taint key, Lease namespace) so the
+rules watch exactly what the agents enforce; `deploy/alerts/` holds the output for the
+default config.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Windows:
     #   duration (kubernetes.lease_duration, default 3x lease_period)
     lease_stale_for: str = "2m"
     no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
+    cannot_run_for: str = "5m"  # an agent says the plugin cannot run on its node
 
 
 def ksm_label(name: str) -> str:
@@ -74,6 +76,18 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
             "Not one pod Ready at any moment in the last " + w.never_ready_window + " although "
             "the rollout is observed: the plugin never worked (wrong image platform? "
             "crash loop?). Restart counts and pod age cannot tell this from a recent break.",
+        ),
+        _alert(
+            "RDMADevicePluginCannotRunOnNode",
+            # From the agents' own metrics: kube-state-metrics has the DaemonSet's counts,
+            # only the node knows why its pod never ran (its runtime's image and logs).
+            'nodeagent_condition_reason{condition="RDMADevicePluginReady", '
+            'reason=~"ImageArchMismatch|PluginNeverReady|PluginCrashLooping"} == 1',
+            w.cannot_run_for, "critical",
+            "RDMA device plugin cannot run on {{ $labels.instance }}: {{ $labels.reason }}",
+            "The agent there has said so for " + w.cannot_run_for + "; `kubectl describe "
+            "node` shows the RDMADevicePluginReady message (the image, its platform and the "
+            "node's, or the crash).",
         ),
         _alert(
             "FabricTaintStuck",

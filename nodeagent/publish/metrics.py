@@ -81,15 +81,20 @@ class AgentMetrics(Collector):
             return
         cond = GaugeMetricFamily("nodeagent_condition", "1 for the condition's current "
                                  "status, 0 for the others.", labels=["condition", "status"])
+        reason = GaugeMetricFamily("nodeagent_condition_reason", "Always 1: the condition's "
+                                   "current reason (one series per condition).",
+                                   labels=["condition", "reason"])
         changed = GaugeMetricFamily("nodeagent_condition_last_transition_timestamp_seconds",
                                     "When the condition last changed status (Unix time).",
                                     labels=["condition"])
         for f in status.findings:
             for s in STATUSES:
                 cond.add_metric([f.type, s], 1.0 if f.status == s else 0.0)
+            reason.add_metric([f.type, f.reason], 1.0)
             if f.type in status.since:
                 changed.add_metric([f.type], status.since[f.type])
         yield cond
+        yield reason
         yield changed
         yield BUILD_INFO
         yield from _rails(status.report.rails)

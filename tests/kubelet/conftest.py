@@ -23,6 +23,7 @@ from tests.kit.kubelet import Node
 KEY = "nodeagent.io/fabric-unready"
 BOOT = {"key": KEY, "value": "AgentStarting", "effect": "NoSchedule"}
 NS, DS, RESOURCE, DEVICES = "kube-system", "rdma-dp", "rdma/hca", 4
+METRICS_PORT = 9464
 GOOD, ARM64, MISLABELED = ("nodeagent.test/rdma-dp:good", "nodeagent.test/rdma-dp:arm64",
                            "nodeagent.test/rdma-dp:arm64-says-amd64")
 
@@ -146,4 +147,5 @@ def agent_settings(apiserver: ApiServer, node: Node, agent_config: dict[str, Any
         # No registry serves nodeagent.test: the runtime alone must name the architecture.
         "registry": {"timeout": "2s"},
         "runtime": {"content_store": str(node.content_root), "pod_logs": str(node.pod_logs)}}
+    agent_config["metrics"] = {"listen": f"127.0.0.1:{METRICS_PORT}"}  # in the agent's netns
     return agent_config

@@ -9,13 +9,19 @@ the plugin pod it needs itself.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kit.apiserver import ApiServer
 from tests.kit.helpers import (
@@ -31,6 +37,7 @@ from tests.kubelet.conftest import (
     ARM64,
     DEVICES,
     GOOD,
+    METRICS_PORT,
     MISLABELED,
     RESOURCE,
     allocatable,
@@ -41,6 +48,7 @@ from tests.kubelet.conftest import (
 )
 
 PLUGIN = "RDMADevicePluginReady"
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "nodeagent-rules.yaml"
 
 
 @pytest.fixture
@@ -128,7 +136,8 @@ def test_boot_fails_closed_until_rails_plugin_and_resource_hold(
 
 def test_wrong_architecture_image_is_named_from_the_runtime(
         core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any,
-        agent_settings: dict[str, Any]) -> None:
+        agent_settings: dict[str, Any], rails_ns: Netns) -> None:
+    run_plugin(apiserver, GOOD)
     settled(agent_settings)
     wait_for(lambda: our_taint(core) is None, 60, "a healthy node first")
     started = time.monotonic()
@@ -141,7 +150,8 @@ def test_wrong_architecture_image_is_named_from_the_runtime(
     message = wait_for(lambda: "linux/arm64" in (m := condition(core, PLUGIN)["message"]) and m,
                        30, "the runtime's platform of the image in the message")
     # The image, what the runtime says it is built for, and the node's platform.
-    assert f"{ARM64} (" in message and "linux/arm64" in message and "linux/amd64" in message, message
+    assert f"{ARM64} (" in message and "linux/arm64" in message, message
+    assert "linux/amd64" in message, message
     assert "exec format error" in message, message
     assert (our_taint(core) or {}).get("value") == "ImageArchMismatch"
     # The real stack's own shape of the incident: no message in the pod's status.
@@ -150,6 +160,45 @@ def test_wrong_architecture_image_is_named_from_the_runtime(
               for cs in pod.status.container_statuses or []]
     assert all(s is None or not s.message for s in states)
     print(f"pod created -> ImageArchMismatch on the Node: {took:.1f} s")
+    alert_fires_on_the_agents_series(rails_ns, "ImageArchMismatch")
+
+
+def scrape(ns: Netns) -> str:
+    code = ("import urllib.request; print(urllib.request.urlopen("
+            f"'http://127.0.0.1:{METRICS_PORT}/metrics', timeout=5).read().decode())")
+    res = subprocess.run(["ip", "netns", "exec", ns.name, sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=30, check=True)
+    return res.stdout
+
+
+def alert_fires_on_the_agents_series(ns: Netns, reason: str) -> None:
+    """promtool evaluates the generated rules over the series the agent exported just now
+    (as a scrape would label them): the cannot-run alert fires after its window, not
+    before."""
+    instance = f"node-a:{METRICS_PORT}"
+    samples = [s for fam in text_string_to_metric_families(scrape(ns))
+               if fam.name == "nodeagent_condition_reason" for s in fam.samples]
+    mine = [s for s in samples if s.labels["condition"] == PLUGIN]
+    assert [s.labels["reason"] for s in mine] == [reason]
+    series = [{"series": "nodeagent_condition_reason{" + ",".join(
+        f'{k}="{v}"' for k, v in {**s.labels, "instance": instance, "job": "nodeagent"}.items())
+        + "}", "values": f"{s.value:g}x10"} for s in samples]
+    rule = next(r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+                if r["alert"] == "RDMADevicePluginCannotRunOnNode")
+    labels = {**mine[0].labels, "instance": instance, "job": "nodeagent", "severity": "critical"}
+    fired = {"exp_labels": labels, "exp_annotations": {
+        "summary": f"RDMA device plugin cannot run on {instance}: {reason}",
+        "description": rule["annotations"]["description"]}}
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "test.yaml"
+        path.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m",
+                                        "tests": [{"interval": "1m", "input_series": series,
+                                                   "alert_rule_test": [
+            {"eval_time": "4m", "alertname": rule["alert"], "exp_alerts": []},
+            {"eval_time": "6m", "alertname": rule["alert"], "exp_alerts": [fired]}]}]}))
+        res = subprocess.run([shutil.which("promtool") or "promtool", "test", "rules",
+                              str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_mislabeled_image_is_caught_by_its_log(
@@ -216,6 +265,7 @@ def test_kubelet_restart_drops_the_resource_until_the_plugin_registers_again(
 def test_agent_conditions_survive_the_kubelets_status_updates(
         core: k8s.CoreV1Api, apiserver: ApiServer, node: Node, agent: Any,
         agent_settings: dict[str, Any]) -> None:
+    run_plugin(apiserver, GOOD)
     settled(agent_settings)
     wait_for(lambda: condition(core, "FabricReady").get("status") == "True", 60, "healthy")
     kubelet_beat = condition(core, "Ready")["lastHeartbeatTime"]
