@@ -33,11 +33,10 @@ from tests.kit.helpers import (
     write_config,
 )
 from tests.kit.kubelet import Node, host_traces
-from tests.kubelet.conftest import (
+from tests.kit.rdma_plugin import (
     ARM64,
     DEVICES,
     GOOD,
-    METRICS_PORT,
     MISLABELED,
     RESOURCE,
     allocatable,
@@ -46,6 +45,7 @@ from tests.kubelet.conftest import (
     our_taint,
     run_plugin,
 )
+from tests.kubelet.conftest import METRICS_PORT
 
 PLUGIN = "RDMADevicePluginReady"
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "alerts" / "nodeagent-rules.yaml"
