@@ -344,6 +344,46 @@ class FabricTraffic(_Strict):
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
 
+DEFAULT_ERROR_LIMITS = {
+    # counters/ (IB port counters; mlx5 fills them for RoCE too)
+    "symbol_error": 10, "link_downed": 1, "link_error_recovery": 10, "port_rcv_errors": 10,
+    "local_link_integrity_errors": 1, "excessive_buffer_overrun_errors": 1,
+    "port_xmit_discards": 100, "port_rcv_remote_physical_errors": 10,
+    # hw_counters/ (the driver's; mlx5 names)
+    "out_of_sequence": 100, "packet_seq_err": 100, "local_ack_timeout_err": 10,
+    "rnr_nak_retry_err": 10, "out_of_buffer": 100, "implied_nak_seq_err": 100,
+    "req_cqe_error": 10, "resp_cqe_error": 10,
+}
+
+
+class Hardware(_Strict):
+    """RDMAHardwareHealthy: each rail's RDMA port (state, physical state, link layer, rate),
+    its HCA's PCIe link, error counters over a window, firmware. Read every `interval`, off
+    the repair path."""
+
+    interval: Interval = 30.0
+    link_layer: Literal["Ethernet", "InfiniBand"] | None = "Ethernet"  # None: not checked
+    expect_rate: float | None = Field(default=None, gt=0)  # Gb/s at least; None: not checked
+    pcie: bool = True  # current PCIe speed and width must be the device's maximum ...
+    min_pcie_speed: float | None = Field(default=None, gt=0)  # ... or at least these (GT/s,
+    min_pcie_width: int | None = Field(default=None, ge=1, le=32)  # lanes)
+    error_window: Duration = 300.0
+    # counter -> the most it may grow within error_window; a counter not named is only
+    # exported as a metric.
+    error_limits: dict[Text, int] = Field(default_factory=lambda: dict(DEFAULT_ERROR_LIMITS))
+    firmware: dict[Text, list[Text]] = Field(default_factory=dict)  # hca_type -> accepted
+    #   fw_ver values (an HCA type not named is not checked)
+    gate: bool = True  # part of FabricReady (a failure taints the node)
+
+    @field_validator("error_limits")
+    @classmethod
+    def _limits(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = [k for k, n in v.items() if n < 0]
+        if bad:
+            raise ValueError(f"negative limit for {', '.join(bad)}")
+        return v
+
+
 class Metrics(_Strict):
     listen: str = "127.0.0.1:9464"  # host:port of the Prometheus endpoint (loopback)
 
@@ -463,6 +503,7 @@ class Config(_Strict):
     repair_guard: RepairGuard = RepairGuard()
     device_plugin: DevicePlugin | None = None
     fabric_traffic: FabricTraffic | None = None
+    hardware: Hardware | None = None
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
     lustre_interval: Interval = 10.0  # how often the mounts are probed (off the main loop)

@@ -29,6 +29,9 @@ CONDITION_TYPES = (
 )
 # Informational (not part of FabricReady unless configured): traffic really uses RDMA.
 FABRIC_TRAFFIC_ON_RDMA = "FabricTrafficOnRDMA"
+# With a `hardware` section: each rail's RDMA port, its HCA's PCIe link, error counters and
+# firmware (part of FabricReady when `hardware.gate`, the default).
+RDMA_HARDWARE_HEALTHY = "RDMAHardwareHealthy"
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"
@@ -220,6 +223,36 @@ class RailCounters:
 
 
 @dataclass(frozen=True)
+class PcieLink:
+    """The PCI function of an RDMA device: the link it trained at and the most it can do.
+    Speeds in GT/s, widths in lanes (None: unreadable or not reported)."""
+
+    address: str
+    speed: float | None = None
+    width: int | None = None
+    max_speed: float | None = None
+    max_width: int | None = None
+
+
+@dataclass(frozen=True)
+class PortHealth:
+    """One rail's RDMA port as sysfs shows it at one moment (None: unreadable)."""
+
+    device: str
+    port: int
+    state: str | None = None  # "ACTIVE", "DOWN", ... (the text after "4: ")
+    phys_state: str | None = None  # "LinkUp", "Disabled", "Polling", ...
+    link_layer: str | None = None  # "Ethernet" or "InfiniBand"
+    rate_gbps: float | None = None
+    rate: str | None = None  # as the kernel says it: "200 Gb/sec (4X HDR)"
+    hca_type: str | None = None
+    fw_ver: str | None = None
+    pcie: PcieLink | None = None  # None: no PCI function (soft-RoCE) or not readable
+    counters: dict[str, int] = field(default_factory=dict)  # counters/ and hw_counters/
+    unreadable: tuple[str, ...] = ()  # attributes that could not be read, for the message
+
+
+@dataclass(frozen=True)
 class Pin:
     """A learned or configured GID pin for one rail."""
 
@@ -392,6 +425,7 @@ class RailStatus:
     gid_index: int | None = None  # where the rail's IPv4 RoCE v2 GID is now
     gid_index_pinned: int | None = None
     counters: RailCounters | None = None
+    port: PortHealth | None = None  # with a hardware section
     # The daemon's own history of the rail (absent from check/apply):
     carrier_losses_total: int | None = None
     carrier_losses_in_window: int | None = None
@@ -415,6 +449,15 @@ class RailStatus:
             out["carrier_losses_in_window"] = self.carrier_losses_in_window
         if self.repairs_total is not None:
             out["repairs_total"] = dict(self.repairs_total)
+        p = self.port
+        if p is not None:
+            out["port"] = {
+                "device": p.device, "port": p.port, "state": p.state,
+                "phys_state": p.phys_state, "link_layer": p.link_layer, "rate": p.rate,
+                "hca_type": p.hca_type, "fw_ver": p.fw_ver, "counters": dict(p.counters),
+                "pcie": None if p.pcie is None else {
+                    "address": p.pcie.address, "speed": p.pcie.speed, "width": p.pcie.width,
+                    "max_speed": p.pcie.max_speed, "max_width": p.pcie.max_width}}
         return out
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from nodeagent.kube.fields import quantity, timestamp
 from nodeagent.model import (
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
+    FW_VERSION,
+    HCA_TYPE,
     LUSTRE_READY,
     RDMA_DEVICE_PLUGIN_READY,
     ROCE_GID_STABLE,
@@ -85,6 +88,7 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
             if isinstance(duration, int) and not isinstance(duration, bool) and duration > 0:
                 holds[name[len("nodeagent-"):]] = float(duration)
     rows = []
+    firmware: dict[str, tuple[str, str]] = {}  # node -> (HCA type, firmware) from labels
     for raw in nodes:
         node = _obj(raw)
         name = _str(_obj(node.get("metadata")).get("name"))
@@ -114,7 +118,24 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
         if row.tainted and changed is not None and now - changed > taint_older:
             row.flags.append("taint-old")
         rows.append(row)
+        labels = _obj(_obj(node.get("metadata")).get("labels"))
+        firmware[row.node] = (_str(labels.get(HCA_TYPE)), _str(labels.get(FW_VERSION)))
+    for row in rows:
+        if firmware_minority(firmware, row.node):
+            row.flags.append("fw-minority")
     return sorted(rows, key=lambda r: (not r.flags, r.fabric == "True", r.node))
+
+
+def firmware_minority(firmware: Mapping[str, tuple[str, str]], node: str) -> bool:
+    """Whether the node's firmware differs from what most nodes of its HCA type run (from
+    the agents' hardware labels; "mixed" or missing labels count for nothing)."""
+    hca, fw = firmware.get(node, ("", ""))
+    if not hca or not fw or "mixed" in (hca, fw):
+        return False
+    same = Counter(f for h, f in firmware.values() if h == hca and f and f != "mixed")
+    (top, count), *rest = same.most_common()
+    tied = bool(rest) and rest[0][1] == count
+    return not tied and count > 1 and fw != top
 
 
 def _age(seconds: float | None) -> str:

@@ -98,6 +98,7 @@ class AgentMetrics(Collector):
         yield changed
         yield BUILD_INFO
         yield from _rails(status.report.rails)
+        yield from _ports(status.report.rails)
         yield from _kube(status.kubernetes)
         yield from _lustre(status.lustre or ())
 
@@ -146,6 +147,40 @@ def _rails(rails: Iterable[RailStatus]) -> Iterable[Metric]:
             if value is not None:
                 family.add_metric(labels, value)
     yield from (carrier, gid, pinned, speed, *families.values())
+
+
+def _ports(rails: Iterable[RailStatus]) -> Iterable[Metric]:
+    """Each rail's RDMA port (with a hardware section): every error counter read, the
+    rate, the PCIe link."""
+    errors = CounterMetricFamily("nodeagent_rdma_port_errors", "The port's error counters "
+                                 "(counters/ and hw_counters/), as the driver counts them.",
+                                 labels=["rail", "device", "port", "counter"])
+    rate = GaugeMetricFamily("nodeagent_rdma_port_rate_gbps", "The port's rate in Gb/s.",
+                             labels=["rail", "device", "port"])
+    active = GaugeMetricFamily("nodeagent_rdma_port_active", "1 while the port is ACTIVE "
+                               "with its physical link up.", labels=["rail", "device", "port"])
+    pcie = GaugeMetricFamily("nodeagent_rdma_pcie_link", "The HCA's PCIe link: speed in "
+                             "GT/s and width in lanes, as trained (current) and at most (max).",
+                             labels=["rail", "device", "what"])
+    for r in rails:
+        p = r.port
+        if p is None:
+            continue
+        labels = [r.name, p.device, str(p.port)]
+        for name, value in sorted(p.counters.items()):
+            errors.add_metric([*labels, name], value)
+        if p.rate_gbps is not None:
+            rate.add_metric(labels, p.rate_gbps)
+        if p.state is not None and p.phys_state is not None:
+            active.add_metric(labels, float(p.state == "ACTIVE" and p.phys_state == "LinkUp"))
+        if p.pcie is not None:
+            link: dict[str, float | None] = {
+                "current_speed": p.pcie.speed, "current_width": p.pcie.width,
+                "max_speed": p.pcie.max_speed, "max_width": p.pcie.max_width}
+            for what, got in link.items():
+                if got is not None:
+                    pcie.add_metric([r.name, p.device, what], float(got))
+    yield from (errors, rate, active, pcie)
 
 
 def _kube(kube: Mapping[str, Any] | None) -> Iterable[Metric]:

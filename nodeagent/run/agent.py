@@ -163,6 +163,8 @@ class Agent:
             self.evaluator.device_plugin = previous.device_plugin
             self.evaluator.plugin_seen_ready = previous.plugin_seen_ready
             self.evaluator.traffic = previous.traffic  # byte-counter history survives too
+            self.evaluator.error_rates = previous.error_rates  # and the error counters'
+            self.evaluator.ports = previous.ports
             self.evaluator.clock = self.clock
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
@@ -279,15 +281,25 @@ class Agent:
 
     def next_verdict_change(self) -> float | None:
         """The next time a time-based verdict may change with no event at all (a shifted
-        GID waiting for its QPs to end is looked at every gid_repin_poll)."""
+        GID waiting for its QPs to end is looked at every gid_repin_poll), or the ports are
+        to be read again (hardware.interval)."""
+        evaluator: Evaluator | None = getattr(self, "evaluator", None)  # None before run()
+        due = self._rail_verdicts_due()
+        ports = evaluator.hardware_due() if evaluator is not None else None
+        times = [t for t in (due, ports) if t is not None]
+        return min(times) + 0.01 if times else None
+
+    def _rail_verdicts_due(self) -> float | None:
+        """The next time a rail's verdict may change by time alone (a flap dwell, a paused
+        repair, a shifted GID to look at again)."""
         times = [t.clears_at() for t in self.flaps.values()]
         times.append(self.guard.resumes_at())
-        evaluator: Evaluator | None = getattr(self, "evaluator", None)  # None before run()
+        evaluator: Evaluator | None = getattr(self, "evaluator", None)
         verdict = evaluator.gid_verdict if evaluator is not None else None
         if verdict is not None and verdict.shifts and self.cfg.gid_repin == "auto":
             times.append(self.clock() + self.cfg.gid_repin_poll)
         due = [t for t in times if t is not None]
-        return min(due) + 0.01 if due else None
+        return min(due) if due else None
 
     def repair_from_event(self, msg: Any, rails: set[str], early: Repairs) -> None:
         """A deletion of something a rail owns is repaired from the event itself, before
@@ -540,7 +552,12 @@ class Agent:
                 early, self._early = self._early, Repairs()  # repaired from events already
                 status_only = judge_only = False
                 if item is None and not full:
-                    rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
+                    now = self.clock()
+                    ports, due = self.evaluator.hardware_due(), self._rail_verdicts_due()
+                    if ports is not None and ports <= now and (due is None or due > now):
+                        judge_only = True  # the ports' turn alone: read them, probe no rail
+                    else:
+                        rails = set(self.evaluator.rails)  # a flap dwell or a pause ran out
                 # Drain what else is queued: one pass serves a burst of events.
                 while item is not None:
                     if isinstance(item, StopAsked):

@@ -26,6 +26,7 @@ from nodeagent.checks.gid import (
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import deletion_drift, network_finding, rail_drift
+from nodeagent.checks.port_health import ErrorRates, hardware_finding
 from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
@@ -39,6 +40,7 @@ from nodeagent.model import (
     Finding,
     GidTable,
     LustreObservation,
+    PortHealth,
     QueuePairs,
     RailCounters,
     RailObservation,
@@ -49,6 +51,7 @@ from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
 from nodeagent.probes.netlink import observe_rails
+from nodeagent.probes.port import read_port_health
 from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
@@ -194,6 +197,9 @@ class Evaluator:
         self._labels: dict[str, str] = {}
         self._labels_key: tuple[str, ...] | None = None
         self._labels_next = 0.0
+        self.ports: dict[str, PortHealth] = {}  # with a hardware section: each rail's port
+        self.error_rates = ErrorRates()
+        self._hardware_next = 0.0
         self.reads = BoundedReads()  # driver reads off this thread, a deadline each pass
 
     def _observe(self, rails: Iterable[Rail]) -> None:
@@ -345,7 +351,36 @@ class Evaluator:
             self._sample_counters(errors)
             self._counters_at = now
         self._fingerprint(errors)
+        if cfg.hardware is not None and (full or now >= self._hardware_next):
+            self._read_ports(errors)
+            self._hardware_next = now + cfg.hardware.interval
         return errors
+
+    def hardware_due(self) -> float | None:
+        """When the ports are to be read again (None: no hardware section)."""
+        return self._hardware_next if self.cfg.hardware is not None else None
+
+    def _read_ports(self, errors: list[str]) -> None:
+        """Each rail's RDMA port, PCIe link and error counters, into the error history. A
+        port that does not answer drops out (its rail's facts read Unknown)."""
+        hw = self.cfg.hardware
+        assert hw is not None
+        started = time.perf_counter()
+        calls = {}
+        for rail in self.cfg.rails:
+            device, port = self._rail_port(rail)
+            if device is not None:
+                calls[rail.name] = functools.partial(
+                    read_port_health, self.cfg.paths.sysfs, device, port, list(hw.error_limits))
+        ports: dict[str, PortHealth] = {}
+        for name, got in zip(calls, self.reads.run(calls).values(), strict=True):
+            if isinstance(got, Stuck):
+                errors.append(f"{self.rails[name].label}: port {got.describe()}")
+            else:
+                ports[name] = got
+        self.ports = ports
+        self.error_rates.observe(self.clock(), hw.error_window, ports)
+        self.timings["ports"] = time.perf_counter() - started
 
     def judge(
         self,
@@ -430,9 +465,17 @@ class Evaluator:
         errors.extend(self.state_problems)
         plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
         parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
+        # Reported only when configured: an agent upgraded before the admission policy that
+        # allows the new type still publishes everything else.
+        hardware = ([hardware_finding(cfg, self.ports, self.error_rates)]
+                    if cfg.hardware is not None else [])
         traffic = self._traffic()
-        gated = [*parts, traffic] if cfg.fabric_traffic and cfg.fabric_traffic.gate else parts
-        findings = [*parts, fabric_finding(gated), traffic]
+        gated = list(parts)
+        if cfg.hardware is not None and cfg.hardware.gate:
+            gated += hardware
+        if cfg.fabric_traffic and cfg.fabric_traffic.gate:
+            gated.append(traffic)
+        findings = [*parts, fabric_finding(gated), traffic, *hardware]
         rails = []
         for rail in cfg.rails:
             obs = self.observations.get(rail.name)
@@ -447,7 +490,7 @@ class Evaluator:
                 carrier=link.carrier if link else None, mtu=link.mtu if link else None,
                 drift=tuple(d.message for d in drift.get(rail.name, [])),
                 gid_index=verdict.observed.get(rail.name), gid_index_pinned=pin,
-                counters=self.counters.get(rail.name)))
+                counters=self.counters.get(rail.name), port=self.ports.get(rail.name)))
         return Report(
             node=cfg.resolved_node_name(),
             findings=findings,

@@ -267,6 +267,53 @@ def roce_entries(
     return out
 
 
+def make_port_tree(
+    root: Path,
+    device: str,
+    port: int = 1,
+    *,
+    state: str = "4: ACTIVE",
+    phys_state: str = "5: LinkUp",
+    link_layer: str = "Ethernet",
+    rate: str = "200 Gb/sec (4X HDR)",
+    counters: dict[str, int | str] | None = None,
+    hw_counters: dict[str, int | str] | None = None,
+    hca_type: str = "MT4123",
+    fw_ver: str = "20.31.1014",
+    pcie: tuple[str, str, str, str, str] | None = ("0000:3b:00.0", "16.0 GT/s PCIe", "16",
+                                                  "16.0 GT/s PCIe", "16"),
+) -> Path:
+    """Write a ConnectX-6-like (mlx5) port under <root>/class/infiniband/<device>: the
+    attributes' text as the kernel prints it (state "%d: %s", rate "%d%s Gb/sec (%dX%s)",
+    PCIe speeds "16.0 GT/s PCIe"), counters/ and hw_counters/ (a str value is written as
+    is: garbage), and `device` linking to a PCI function with its link attributes (None:
+    no PCI function, as soft-RoCE). Existing GID files are kept."""
+    base = root / "class" / "infiniband" / device
+    ports = base / "ports" / str(port)
+    for sub in ("counters", "hw_counters"):
+        (ports / sub).mkdir(parents=True, exist_ok=True)
+    for name, text in (("state", state), ("phys_state", phys_state),
+                       ("link_layer", link_layer), ("rate", rate)):
+        (ports / name).write_text(text + "\n")
+    (base / "hca_type").write_text(hca_type + "\n")
+    (base / "fw_ver").write_text(fw_ver + "\n")
+    for sub, values in (("counters", counters), ("hw_counters", hw_counters)):
+        for name, value in (values or {}).items():
+            (ports / sub / name).write_text(f"{value}\n")
+    link = base / "device"
+    if link.is_symlink():
+        link.unlink()
+    if pcie is not None:
+        address, speed, width, max_speed, max_width = pcie
+        function = root / "devices" / "pci0000:00" / address
+        function.mkdir(parents=True, exist_ok=True)
+        for name, text in (("current_link_speed", speed), ("current_link_width", width),
+                           ("max_link_speed", max_speed), ("max_link_width", max_width)):
+            (function / name).write_text(text + "\n")
+        link.symlink_to(function)
+    return root
+
+
 # ---------------------------------------------------------------- loopback bridge
 
 CLONE_NEWNET = 0x40000000

@@ -213,3 +213,19 @@ def test_rows_are_pure_and_ages_are_short() -> None:
     assert rows[0].fabric == "-" and rows[0].flags == ["no-agent", "no-rdma"]
     assert render_table(rows, now).splitlines()[1].split() == [
         "n", "-", "-", "-", "-", "-", "0/0", "no-agent,no-rdma"]
+
+
+def test_firmware_that_differs_from_the_majority_of_its_hca_type_is_flagged() -> None:
+    """From the agents' hardware labels: three ConnectX-6 nodes on one firmware, one on
+    another; a lone ConnectX-7 and a node whose rails mix firmware are not flagged."""
+    def node(name: str, hca: str, fw: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "labels": {
+            "nodeagent.io/rdma-hca-type": hca, "nodeagent.io/rdma-fw-version": fw}}}
+    nodes = [node("a", "MT4123", "20.31.1014"), node("b", "MT4123", "20.31.1014"),
+             node("c", "MT4123", "20.31.1014"), node("d", "MT4123", "20.28.1002"),
+             node("e", "MT4129", "28.39.1002"), node("f", "MT4123", "mixed")]
+    rows = {r.node: r for r in fleet_rows(nodes, [], RESOURCE, KEY, time.time(), 120, 1800)}
+    assert [n for n, r in sorted(rows.items()) if "fw-minority" in r.flags] == ["d"]
+    tie = [node("a", "MT4123", "1"), node("b", "MT4123", "2")]
+    assert not any("fw-minority" in r.flags
+                   for r in fleet_rows(tie, [], RESOURCE, KEY, time.time(), 120, 1800))
