@@ -384,6 +384,55 @@ class Hardware(_Strict):
         return v
 
 
+class CustomCheck(_Strict):
+    """One executable in node-problem-detector's custom-plugin convention: exit 0 OK, 1 a
+    problem, 2 (or anything else) unknown; the first line of its stdout is the message."""
+
+    name: str
+    command: list[str] = Field(min_length=1)  # argv; the program by absolute path or on PATH
+    timeout: Timeout = 10.0  # then it is killed (its whole process group) and counts unknown
+    interval: Interval = 60.0
+    reason: str = "CustomCheckFailed"  # the condition's reason when this check fails
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(_DNS_LABEL, v):
+            raise ValueError(f"{_shown(v)} is not a check name (lowercase letters, digits, -)")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _argv(cls, v: list[str]) -> list[str]:
+        _command_name(v[0])
+        if any("\0" in arg for arg in v):
+            raise ValueError("an argument contains a NUL byte")
+        return v
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Z][A-Za-z0-9]{0,127}", v):
+            raise ValueError(f"{_shown(v)} is not a CamelCase reason")
+        return v
+
+
+class CustomChecks(_Strict):
+    """CustomChecksPassed: the sites' own scripts, carried over as they are."""
+
+    checks: list[CustomCheck] = Field(min_length=1)
+    gate: bool = True  # part of FabricReady (a failing check taints the node)
+
+    @field_validator("checks")
+    @classmethod
+    def _unique(cls, v: list[CustomCheck]) -> list[CustomCheck]:
+        names = [c.name for c in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"check names must be unique: {', '.join(twice)}")
+        return v
+
+
 class Metrics(_Strict):
     listen: str = "127.0.0.1:9464"  # host:port of the Prometheus endpoint (loopback)
 
@@ -504,6 +553,7 @@ class Config(_Strict):
     device_plugin: DevicePlugin | None = None
     fabric_traffic: FabricTraffic | None = None
     hardware: Hardware | None = None
+    custom_checks: CustomChecks | None = None
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
     lustre_interval: Interval = 10.0  # how often the mounts are probed (off the main loop)

@@ -32,6 +32,9 @@ FABRIC_TRAFFIC_ON_RDMA = "FabricTrafficOnRDMA"
 # With a `hardware` section: each rail's RDMA port, its HCA's PCIe link, error counters and
 # firmware (part of FabricReady when `hardware.gate`, the default).
 RDMA_HARDWARE_HEALTHY = "RDMAHardwareHealthy"
+# With a `custom_checks` section: the sites' own check scripts (node-problem-detector's
+# custom-plugin convention), part of FabricReady when `custom_checks.gate`, the default.
+CUSTOM_CHECKS_PASSED = "CustomChecksPassed"
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"
@@ -250,6 +253,17 @@ class PortHealth:
     pcie: PcieLink | None = None  # None: no PCI function (soft-RoCE) or not readable
     counters: dict[str, int] = field(default_factory=dict)  # counters/ and hw_counters/
     unreadable: tuple[str, ...] = ()  # attributes that could not be read, for the message
+
+
+@dataclass(frozen=True)
+class CustomCheckResult:
+    """One run of a custom check: ok (exit 0), problem (exit 1) or unknown (exit 2, any
+    other code, a timeout, not runnable), with the first line it printed."""
+
+    name: str
+    verdict: Literal["ok", "problem", "unknown"]
+    message: str
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)

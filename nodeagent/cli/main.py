@@ -144,6 +144,10 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
 
             evaluator.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
             evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
+        if cfg.custom_checks is not None:
+            from nodeagent.run.custom import run_all
+
+            evaluator.custom_results = run_all(cfg)
         report, _ = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)

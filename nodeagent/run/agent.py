@@ -38,11 +38,13 @@ from nodeagent.model import (
 from nodeagent.probes.netlink import deletion_from_msg, link_from_msg
 from nodeagent.publish.publisher import Publisher
 from nodeagent.publish.status import write_status
+from nodeagent.run.custom import CustomChecksMonitor
 from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
 from nodeagent.run.work import (
+    CustomChecksSeen,
     EventsLost,
     GidSlotsMoved,
     LustreSeen,
@@ -125,6 +127,7 @@ class Agent:
         self.publisher: Publisher | None = None
         self.lustre_monitor: LustreMonitor | None = None
         self.plugin_monitor: DevicePluginMonitor | None = None
+        self.custom_monitor: CustomChecksMonitor | None = None
         self.metrics: AgentMetrics | None = None
         self.notifier = Notifier()
         self._metrics_server: Any = None
@@ -165,12 +168,16 @@ class Agent:
             self.evaluator.traffic = previous.traffic  # byte-counter history survives too
             self.evaluator.error_rates = previous.error_rates  # and the error counters'
             self.evaluator.ports = previous.ports
+            self.evaluator.custom_results = previous.custom_results
             self.evaluator.clock = self.clock
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
         if self.plugin_monitor is not None:
             self.plugin_monitor.cfg = cfg
             self.plugin_monitor.wake()  # new settings take effect now, not next interval
+        if self.custom_monitor is not None:
+            self.custom_monitor.cfg = cfg
+            self.custom_monitor.wake()
 
     def start_reload(self) -> None:
         """SIGHUP: the config is read and validated on a thread of its own (a config on a
@@ -225,6 +232,8 @@ class Agent:
             self._start_lustre()  # mounts configured for the first time
         if self.plugin_monitor is None:
             self._start_plugin_monitor()  # likewise the device plugin
+        if self.custom_monitor is None:
+            self._start_custom_checks()  # and the custom checks
 
     # ------------------------------------------------------------ events
 
@@ -483,6 +492,12 @@ class Agent:
         self.lustre_monitor = LustreMonitor(self.cfg, self.work.put)
         self._start(self.lustre_monitor)
 
+    def _start_custom_checks(self) -> None:
+        if self.cfg.custom_checks is None:
+            return
+        self.custom_monitor = CustomChecksMonitor(self.cfg, self.work.put)
+        self._start(self.custom_monitor)
+
     def _start_plugin_monitor(self) -> None:
         if self.cfg.kubernetes is None or self.cfg.device_plugin is None:
             return
@@ -519,6 +534,7 @@ class Agent:
             self.evaluator.clock = self.clock
             self._start_lustre()  # after the evaluator exists: they deliver to it
             self._start_plugin_monitor()
+            self._start_custom_checks()
             if self.cfg.rails:
                 self.gid_watcher = GidSlotWatcher(
                     self.cfg.paths.sysfs, self.work.put)
@@ -584,6 +600,9 @@ class Agent:
                         judge_only = True
                     elif isinstance(item, GidSlotsMoved):  # no netlink event said so
                         self.evaluator.mark_gid_stale()
+                        judge_only = True
+                    elif isinstance(item, CustomChecksSeen):
+                        self.evaluator.custom_results = item.results
                         judge_only = True
                     elif isinstance(item, LustreSeen):
                         self.evaluator.lustre = item.observation

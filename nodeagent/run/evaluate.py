@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.gid import (
@@ -34,6 +35,7 @@ from nodeagent.io.files import describe_error
 from nodeagent.io.systemd import RAIL
 from nodeagent.model import (
     GID_AFFECTING,
+    CustomCheckResult,
     Deletion,
     DevicePluginObservation,
     Drift,
@@ -199,6 +201,7 @@ class Evaluator:
         self._labels_next = 0.0
         self.ports: dict[str, PortHealth] = {}  # with a hardware section: each rail's port
         self.error_rates = ErrorRates()
+        self.custom_results: dict[str, CustomCheckResult] = {}  # by check, the latest run
         self._hardware_next = 0.0
         self.reads = BoundedReads()  # driver reads off this thread, a deadline each pass
 
@@ -466,16 +469,20 @@ class Evaluator:
         plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
         parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
         # Reported only when configured: an agent upgraded before the admission policy that
-        # allows the new type still publishes everything else.
-        hardware = ([hardware_finding(cfg, self.ports, self.error_rates)]
-                    if cfg.hardware is not None else [])
+        # allows the new types still publishes everything else.
+        extra, gated = [], list(parts)
+        if cfg.hardware is not None:
+            extra.append(hardware_finding(cfg, self.ports, self.error_rates))
+            if cfg.hardware.gate:
+                gated.append(extra[-1])
+        if cfg.custom_checks is not None:
+            extra.append(custom_finding(cfg, self.custom_results))
+            if cfg.custom_checks.gate:
+                gated.append(extra[-1])
         traffic = self._traffic()
-        gated = list(parts)
-        if cfg.hardware is not None and cfg.hardware.gate:
-            gated += hardware
         if cfg.fabric_traffic and cfg.fabric_traffic.gate:
             gated.append(traffic)
-        findings = [*parts, fabric_finding(gated), traffic, *hardware]
+        findings = [*parts, fabric_finding(gated), traffic, *extra]
         rails = []
         for rail in cfg.rails:
             obs = self.observations.get(rail.name)

@@ -1,10 +1,11 @@
 """What the loop is handed: typed observations from the sources, and its own requests.
 
-The sources (run/netlink.py, run/gidwatch.py, run/lustre.py, run/deviceplugin.py, the
-publisher's watch of the agent's own Node) share one contract, node-problem-detector's
-monitor shape: made with a `deliver` callable, `start()` begins observing on the source's
-own trigger (events or a cadence) on its own thread, `stop()` ends it, and each
-observation is handed over with `deliver(observation)`, which never blocks. The loop never
+The sources (run/netlink.py, run/gidwatch.py, run/lustre.py, run/deviceplugin.py,
+run/custom.py, the publisher's watch of the agent's own Node) share one contract,
+node-problem-detector's monitor shape: made with a `deliver` callable, `start()` begins
+observing on the source's own trigger (events or a cadence) on its own thread, `stop()`
+ends it, and each observation is handed over with `deliver(observation)`, which never
+blocks. The loop never
 waits on a source's read: it only judges, repairs and publishes.
 """
 
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from nodeagent.config import Config
-    from nodeagent.model import DevicePluginObservation, LustreObservation
+    from nodeagent.model import CustomCheckResult, DevicePluginObservation, LustreObservation
 
 
 class Source(Protocol):
@@ -61,6 +62,11 @@ class PluginSeen:
 
 
 @dataclass(frozen=True)
+class CustomChecksSeen:
+    results: dict[str, CustomCheckResult]  # by check name, the latest run of each
+
+
+@dataclass(frozen=True)
 class NodeChanged:
     """The Kubernetes side changed (the agent's Node, its writes): the status file says so
     without a pass."""
@@ -87,6 +93,6 @@ class Reloaded:
     error: BaseException | None = None
 
 
-Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | NodeChanged
-        | StopAsked | ReloadAsked | Reloaded)
+Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | CustomChecksSeen
+        | NodeChanged | StopAsked | ReloadAsked | Reloaded)
 Deliver = Callable[[Work], None]

@@ -1,0 +1,88 @@
+"""The custom-checks thread: runs each configured check at its own interval, off the main
+loop, and hands the latest results over after every round.
+
+node-problem-detector's custom-plugin convention, so the scripts sites already run carry
+over: exit 0 OK, 1 a problem, 2 unknown (and any other code: unknown); the first line of
+stdout is the message. A check past its timeout is killed with its process group and counts
+as unknown; one that cannot be started is unknown, naming why.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nodeagent.config import Config, CustomCheck
+from nodeagent.io.commands import run_bounded
+from nodeagent.io.files import printable
+from nodeagent.model import CustomCheckResult
+from nodeagent.run.work import CustomChecksSeen, Deliver
+
+MESSAGE_MAX = 200
+
+
+def run_check(check: CustomCheck) -> CustomCheckResult:
+    run = run_bounded(check.command, check.timeout)
+    lines = run.output.decode("utf-8", errors="replace").splitlines()
+    first = printable(next((line.strip() for line in lines if line.strip()), ""))
+    first = first[:MESSAGE_MAX]
+    if run.returncode is None:
+        return CustomCheckResult(check.name, "unknown", run.error or "did not finish",
+                                 run.seconds)
+    if run.returncode == 0:
+        return CustomCheckResult(check.name, "ok", first, run.seconds)
+    if run.returncode == 1:
+        return CustomCheckResult(check.name, "problem", first or "exit 1", run.seconds)
+    code = run.returncode
+    said = f"exit {code}" if code >= 0 else f"killed by signal {-code}"
+    return CustomCheckResult(check.name, "unknown", f"{first} ({said})" if first else said,
+                             run.seconds)
+
+
+def run_all(cfg: Config) -> dict[str, CustomCheckResult]:
+    """Every check once, in order (the CLI's one-shot check)."""
+    return {c.name: run_check(c) for c in (cfg.custom_checks.checks if cfg.custom_checks
+                                           else [])}
+
+
+class CustomChecksMonitor(threading.Thread):
+    """Runs the checks that are due, one at a time (a hung one costs at most its timeout),
+    and delivers every result so far after each round."""
+
+    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+        super().__init__(name="custom-checks", daemon=True)
+        self.cfg = cfg
+        self.deliver = deliver
+        self._halt = threading.Event()
+        self._wake = threading.Event()
+        self.results: dict[str, CustomCheckResult] = {}
+        self._due: dict[str, float] = {}
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            checks = self.cfg.custom_checks.checks if self.cfg.custom_checks else []
+            names = {c.name for c in checks}
+            self.results = {n: r for n, r in self.results.items() if n in names}
+            now = time.monotonic()
+            ran = False
+            for check in checks:
+                if self._halt.is_set():
+                    return
+                if self._due.get(check.name, 0.0) <= now:
+                    self.results[check.name] = run_check(check)
+                    self._due[check.name] = time.monotonic() + check.interval
+                    ran = True
+            if ran:
+                self.deliver(CustomChecksSeen(dict(self.results)))
+            nxt = min((self._due.get(c.name, 0.0) for c in checks), default=now + 30.0)
+            self._wake.wait(max(0.05, nxt - time.monotonic()))
+            self._wake.clear()
+
+    def wake(self) -> None:
+        """New settings: run every check now."""
+        self._due.clear()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._wake.set()
