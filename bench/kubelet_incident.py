@@ -40,6 +40,7 @@ from tests.kit.rdma_plugin import (
     RESOURCE,
     allocatable,
     condition,
+    delete_plugin_pods,
     our_taint,
     run_plugin,
     start_plugin_node,
@@ -89,6 +90,7 @@ def main() -> None:
             run_plugin(server, GOOD)
             wait_for(lambda: our_taint(core) is None
                      and condition(core, PLUGIN).get("reason") == "PluginReady", 90, "healthy")
+            delete_plugin_pods(core)  # the rollout's deletion is not the agent's time
             t = time.monotonic()
             run_plugin(server, ARM64)
             wait_for(lambda: condition(core, PLUGIN).get("reason") == "ImageArchMismatch", 90,
