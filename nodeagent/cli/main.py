@@ -11,8 +11,10 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from nodeagent import __version__
 from nodeagent.cli.alerts import Windows
 from nodeagent.cli.fleet import add_arguments as add_fleet_arguments
 from nodeagent.config import (
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="nodeagent",
         description="Enforce and prove RoCE/RDMA fabric health on this node.",
     )
+    p.add_argument("--version", action="version", version=f"nodeagent {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def common(sp: argparse.ArgumentParser, json_flag: bool = True) -> None:

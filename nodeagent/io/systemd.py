@@ -1,11 +1,14 @@
 """systemd integration: readiness, a status line and the watchdog (sd_notify), and logging
 to the journal with structured fields. systemd-python (Debian's python3-systemd) does the
-protocols; outside systemd all of it is a no-op and logs go to stderr."""
+protocols when installed; without it (a pip-only install) the agent speaks sd_notify itself:
+one datagram per message to $NOTIFY_SOCKET, a path or an abstract name ("@..."), as
+sd_notify(3) documents. Outside systemd all of it is a no-op and logs go to stderr."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -24,6 +27,23 @@ def _daemon() -> Any:
     return daemon
 
 
+class SocketNotify:
+    """sd_notify without libsystemd: the same datagrams, sent to the same socket."""
+
+    def __init__(self, address: str) -> None:
+        # "@name" is Linux's abstract namespace: a leading NUL byte on the wire.
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+
+    def notify(self, text: str) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            try:
+                sock.sendto(text.encode(), self.address)
+            except OSError as exc:
+                log.warning("sd_notify to %s: %s", self.address.lstrip("\0"), exc)
+                return False
+        return True
+
+
 class Notifier:
     """READY=1 after the first full pass, STATUS= after every pass, WATCHDOG=1 from the
     main loop only (so a wedged loop stops the pings and systemd restarts the agent)."""
@@ -32,8 +52,8 @@ class Notifier:
         self.socket = os.environ.get("NOTIFY_SOCKET")
         self.daemon = _daemon() if self.socket else None
         if self.socket and self.daemon is None:
-            log.error("NOTIFY_SOCKET is set but systemd-python is missing (install "
-                      "python3-systemd): systemd will not see this agent become ready")
+            log.info("systemd-python is not installed: sd_notify over $NOTIFY_SOCKET directly")
+            self.daemon = SocketNotify(self.socket)
         usec, pid = os.environ.get("WATCHDOG_USEC"), os.environ.get("WATCHDOG_PID")
         mine = pid is None or pid == str(os.getpid())
         self.watchdog = int(usec) / 1e6 if usec and usec.isdigit() and mine else None

@@ -107,3 +107,38 @@ def test_without_systemd_nothing_is_sent(rails_ns: Netns, agent_config: dict[str
         assert notify.receive(1.0) is None
     finally:
         stop_daemon(proc)
+
+
+def test_without_systemd_python_the_agent_speaks_sd_notify_itself(
+        rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path,
+        notify: NotifySocket) -> None:
+    """A pip-only install has no systemd module: READY=1 still reaches the unit's socket
+    (here the module is hidden by one that fails to import, first on the path)."""
+    hidden = tmp_path / "hide" / "systemd"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    config = write_config(tmp_path / "c.yaml", agent_config)
+    proc = rails_ns.start_daemon(config, env={"NOTIFY_SOCKET": str(notify.path),
+                                              "PYTHONPATH": str(hidden.parent)})
+    try:
+        ready = notify.wait_for("READY", timeout=20)
+        assert ready["STATUS"] == "fabric ready: 2 rail(s), every condition True"
+        code, log = stop_daemon(proc)
+        assert code == 0, log
+        notify.wait_for("STOPPING", timeout=5)
+        assert "sd_notify over $NOTIFY_SOCKET directly" in log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sd_notify_to_an_abstract_socket() -> None:
+    from nodeagent.io.systemd import SocketNotify
+
+    name = f"nodeagent-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        sock.settimeout(5)
+        assert SocketNotify("@" + name).notify("READY=1\nSTATUS=ok")
+        assert sock.recv(4096) == b"READY=1\nSTATUS=ok"
+    assert not SocketNotify("@" + name).notify("READY=1")  # nobody listens: no crash
