@@ -384,6 +384,16 @@ class Hardware(_Strict):
         return v
 
 
+class Transport(_Strict):
+    """RDMATransportVerified: an RC QP pair over each rail's pinned GID (pyverbs), at start
+    and every `probe_interval`, off the main loop."""
+
+    probe_interval: Interval = 300.0
+    messages: int = Field(default=100, ge=1, le=100_000)
+    timeout: Timeout = 10.0  # the whole probe of one rail
+    gate: bool = False  # true: part of FabricReady (a failure taints the node)
+
+
 class CustomCheck(_Strict):
     """One executable in node-problem-detector's custom-plugin convention: exit 0 OK, 1 a
     problem, 2 (or anything else) unknown; the first line of its stdout is the message."""
@@ -554,6 +564,7 @@ class Config(_Strict):
     fabric_traffic: FabricTraffic | None = None
     hardware: Hardware | None = None
     custom_checks: CustomChecks | None = None
+    transport: Transport | None = None
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
     lustre_interval: Interval = 10.0  # how often the mounts are probed (off the main loop)

@@ -35,6 +35,9 @@ RDMA_HARDWARE_HEALTHY = "RDMAHardwareHealthy"
 # With a `custom_checks` section: the sites' own check scripts (node-problem-detector's
 # custom-plugin convention), part of FabricReady when `custom_checks.gate`, the default.
 CUSTOM_CHECKS_PASSED = "CustomChecksPassed"
+# With a `transport` section: an RC QP pair over each rail's pinned GID exchanged messages
+# (part of FabricReady only with `transport.gate`).
+RDMA_TRANSPORT_VERIFIED = "RDMATransportVerified"
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"
@@ -207,6 +210,11 @@ class QueuePairs:
         return [q for q in self.qps if q.device == device and q.port in (None, port)
                 and not q.management]
 
+    def excluding(self, pid: int) -> QueuePairs:
+        """Without one process's QPs: the agent's own transport probe never holds up the
+        re-pin it would otherwise wait for."""
+        return QueuePairs(tuple(q for q in self.qps if q.pid != pid), self.error)
+
 
 @dataclass(frozen=True)
 class RailCounters:
@@ -253,6 +261,23 @@ class PortHealth:
     pcie: PcieLink | None = None  # None: no PCI function (soft-RoCE) or not readable
     counters: dict[str, int] = field(default_factory=dict)  # counters/ and hw_counters/
     unreadable: tuple[str, ...] = ()  # attributes that could not be read, for the message
+
+
+@dataclass(frozen=True)
+class TransportResult:
+    """One active probe of a rail: ok, or the step that failed and why."""
+
+    rail: str
+    ok: bool
+    step: str = ""  # "device open", "GID", "resources", "QP to RTR", "completion", ...
+    error: str = ""
+    messages: int = 0
+    latency_p50_us: float | None = None
+    latency_p99_us: float | None = None
+    bandwidth_gbps: float | None = None
+    seconds: float = 0.0
+    gid_index: int | None = None
+    at: float = 0.0  # when it ran (monotonic), set by whoever ran it
 
 
 @dataclass(frozen=True)
@@ -440,6 +465,7 @@ class RailStatus:
     gid_index_pinned: int | None = None
     counters: RailCounters | None = None
     port: PortHealth | None = None  # with a hardware section
+    transport: TransportResult | None = None  # with a transport section: the latest probe
     # The daemon's own history of the rail (absent from check/apply):
     carrier_losses_total: int | None = None
     carrier_losses_in_window: int | None = None
@@ -463,6 +489,13 @@ class RailStatus:
             out["carrier_losses_in_window"] = self.carrier_losses_in_window
         if self.repairs_total is not None:
             out["repairs_total"] = dict(self.repairs_total)
+        t = self.transport
+        if t is not None:
+            out["transport"] = {
+                "ok": t.ok, "step": t.step, "error": t.error, "messages": t.messages,
+                "latency_p50_us": t.latency_p50_us, "latency_p99_us": t.latency_p99_us,
+                "bandwidth_gbps": t.bandwidth_gbps, "seconds": t.seconds,
+                "gid_index": t.gid_index}
         p = self.port
         if p is not None:
             out["port"] = {

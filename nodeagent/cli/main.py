@@ -151,7 +151,20 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             from nodeagent.run.custom import run_all
 
             evaluator.custom_results = run_all(cfg)
-        report, _ = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
+        report, repairs = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
+        if cfg.transport is not None:  # probe the rails the pass found, then judge again
+            from nodeagent.probes.transport import probe_rail
+
+            for rail, target in evaluator.transport_targets().items():
+                if isinstance(target, str):
+                    evaluator.transport_skipped[rail] = target
+                else:
+                    evaluator.transport_results[rail] = replace(probe_rail(
+                        rail, *target, cfg.transport.messages, cfg.transport.timeout),
+                        at=evaluator.clock())
+            errors = report.errors  # the pass's problems, as it met them
+            report = evaluator.judge(repairs)
+            report.errors = errors
     data = report.as_dict()
     _print_report(data, args.json, dry_run=dry_run)
     return EXIT_OK if report.ok else EXIT_NOT_OK

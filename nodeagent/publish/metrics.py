@@ -181,6 +181,29 @@ def _ports(rails: Iterable[RailStatus]) -> Iterable[Metric]:
                 if got is not None:
                     pcie.add_metric([r.name, p.device, what], float(got))
     yield from (errors, rate, active, pcie)
+    yield from _transport(rails)
+
+
+def _transport(rails: Iterable[RailStatus]) -> Iterable[Metric]:
+    """Each rail's latest active probe (with a transport section)."""
+    ok = GaugeMetricFamily("nodeagent_rdma_transport_ok", "1 when the latest probe of the "
+                           "rail's RC QP pair exchanged every message.", labels=["rail"])
+    latency = GaugeMetricFamily("nodeagent_rdma_transport_latency_seconds", "The latest "
+                                "probe's send-to-completion latency.",
+                                labels=["rail", "quantile"])
+    bandwidth = GaugeMetricFamily("nodeagent_rdma_transport_bandwidth_bits_per_second",
+                                  "The latest probe's short bandwidth sample.", labels=["rail"])
+    for r in rails:
+        t = r.transport
+        if t is None:
+            continue
+        ok.add_metric([r.name], 1.0 if t.ok else 0.0)
+        for q, value in (("0.5", t.latency_p50_us), ("0.99", t.latency_p99_us)):
+            if value is not None:
+                latency.add_metric([r.name, q], value / 1e6)
+        if t.bandwidth_gbps is not None:
+            bandwidth.add_metric([r.name], t.bandwidth_gbps * 1e9)
+    yield from (ok, latency, bandwidth)
 
 
 def _kube(kube: Mapping[str, Any] | None) -> Iterable[Metric]:

@@ -43,6 +43,7 @@ from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
+from nodeagent.run.transport import Target, TransportMonitor
 from nodeagent.run.work import (
     CustomChecksSeen,
     EventsLost,
@@ -55,6 +56,7 @@ from nodeagent.run.work import (
     Reloaded,
     Source,
     StopAsked,
+    TransportSeen,
     Work,
 )
 
@@ -128,6 +130,7 @@ class Agent:
         self.lustre_monitor: LustreMonitor | None = None
         self.plugin_monitor: DevicePluginMonitor | None = None
         self.custom_monitor: CustomChecksMonitor | None = None
+        self.transport_monitor: TransportMonitor | None = None
         self.metrics: AgentMetrics | None = None
         self.notifier = Notifier()
         self._metrics_server: Any = None
@@ -169,6 +172,8 @@ class Agent:
             self.evaluator.error_rates = previous.error_rates  # and the error counters'
             self.evaluator.ports = previous.ports
             self.evaluator.custom_results = previous.custom_results
+            self.evaluator.transport_results = previous.transport_results
+            self.evaluator.transport_skipped = previous.transport_skipped
             self.evaluator.clock = self.clock
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
@@ -178,6 +183,8 @@ class Agent:
         if self.custom_monitor is not None:
             self.custom_monitor.cfg = cfg
             self.custom_monitor.wake()
+        if self.transport_monitor is not None:
+            self.transport_monitor.cfg = cfg
 
     def start_reload(self) -> None:
         """SIGHUP: the config is read and validated on a thread of its own (a config on a
@@ -234,6 +241,8 @@ class Agent:
             self._start_plugin_monitor()  # likewise the device plugin
         if self.custom_monitor is None:
             self._start_custom_checks()  # and the custom checks
+        if self.transport_monitor is None:
+            self._start_transport()  # and the transport probe
 
     # ------------------------------------------------------------ events
 
@@ -364,6 +373,10 @@ class Agent:
         self.last_report = report
         if self.gid_watcher is not None:
             self.gid_watcher.watch(self.evaluator.watched_slots())
+        if self.transport_monitor is not None:
+            self.transport_monitor.targets = {
+                rail: t if isinstance(t, str) else Target(*t)
+                for rail, t in self.evaluator.transport_targets().items()}
         self.take_urgent()
         self._publish(report, submit=True)
         return report
@@ -492,6 +505,12 @@ class Agent:
         self.lustre_monitor = LustreMonitor(self.cfg, self.work.put)
         self._start(self.lustre_monitor)
 
+    def _start_transport(self) -> None:
+        if self.cfg.transport is None:
+            return
+        self.transport_monitor = TransportMonitor(self.cfg, self.work.put)
+        self._start(self.transport_monitor)
+
     def _start_custom_checks(self) -> None:
         if self.cfg.custom_checks is None:
             return
@@ -535,6 +554,7 @@ class Agent:
             self._start_lustre()  # after the evaluator exists: they deliver to it
             self._start_plugin_monitor()
             self._start_custom_checks()
+            self._start_transport()
             if self.cfg.rails:
                 self.gid_watcher = GidSlotWatcher(
                     self.cfg.paths.sysfs, self.work.put)
@@ -600,6 +620,12 @@ class Agent:
                         judge_only = True
                     elif isinstance(item, GidSlotsMoved):  # no netlink event said so
                         self.evaluator.mark_gid_stale()
+                        judge_only = True
+                    elif isinstance(item, TransportSeen):
+                        self.evaluator.transport_results.update(item.results)
+                        self.evaluator.transport_skipped = item.skipped
+                        for rail in item.skipped:
+                            self.evaluator.transport_results.pop(rail, None)
                         judge_only = True
                     elif isinstance(item, CustomChecksSeen):
                         self.evaluator.custom_results = item.results

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import deletion_drift, network_finding, rail_drift
 from nodeagent.checks.port_health import ErrorRates, hardware_finding
 from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
+from nodeagent.checks.transport import transport_finding
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.files import describe_error
@@ -48,6 +50,7 @@ from nodeagent.model import (
     RailObservation,
     RailStatus,
     Report,
+    TransportResult,
 )
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
@@ -202,6 +205,8 @@ class Evaluator:
         self.ports: dict[str, PortHealth] = {}  # with a hardware section: each rail's port
         self.error_rates = ErrorRates()
         self.custom_results: dict[str, CustomCheckResult] = {}  # by check, the latest run
+        self.transport_results: dict[str, TransportResult] = {}  # by rail, the latest probe
+        self.transport_skipped: dict[str, str] = {}  # rail -> why it was not probed
         self._hardware_next = 0.0
         self.reads = BoundedReads()  # driver reads off this thread, a deadline each pass
 
@@ -347,7 +352,8 @@ class Evaluator:
         self.qps = None
         if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins).shifts:
             started = time.perf_counter()
-            self.qps = read_qps(cfg.paths.rdma)
+            # The agent's own transport probe is counted out: it never holds up a re-pin.
+            self.qps = read_qps(cfg.paths.rdma).excluding(os.getpid())
             self.timings["qps"] = time.perf_counter() - started
         now = self.clock()
         if full or self._counters_at is None or now - self._counters_at >= COUNTERS_EVERY:
@@ -358,6 +364,26 @@ class Evaluator:
             self._read_ports(errors)
             self._hardware_next = now + cfg.hardware.interval
         return errors
+
+    def transport_targets(self) -> dict[str, tuple[str, int, int, str] | str]:
+        """What the transport probe may probe, per rail: (device, port, pinned GID index,
+        address), or why not (its GID is shifted: a probe's QPs would hold the entry the
+        re-pin must free; its pin or device not known yet)."""
+        out: dict[str, tuple[str, int, int, str] | str] = {}
+        shifts = self.gid_verdict.shifts if self.gid_verdict is not None else {}
+        for rail in self.cfg.rails:
+            pin = pin_for(rail, self.pins)
+            device, port = self._rail_port(rail)
+            if rail.name in shifts:
+                out[rail.name] = "its GID is off its pinned index: waiting for the re-pin"
+            elif pin is None:
+                out[rail.name] = "no GID pin yet"
+            elif (pin.device or device) is None:
+                out[rail.name] = "its RDMA device is not known yet"
+            else:
+                out[rail.name] = (pin.device or device or "", pin.port or port, pin.index,
+                                  rail.ip)
+        return out
 
     def hardware_due(self) -> float | None:
         """When the ports are to be read again (None: no hardware section)."""
@@ -479,6 +505,11 @@ class Evaluator:
             extra.append(custom_finding(cfg, self.custom_results))
             if cfg.custom_checks.gate:
                 gated.append(extra[-1])
+        if cfg.transport is not None:
+            extra.append(transport_finding(cfg, self.transport_results,
+                                           self.transport_skipped, self.clock()))
+            if cfg.transport.gate:
+                gated.append(extra[-1])
         traffic = self._traffic()
         if cfg.fabric_traffic and cfg.fabric_traffic.gate:
             gated.append(traffic)
@@ -497,7 +528,8 @@ class Evaluator:
                 carrier=link.carrier if link else None, mtu=link.mtu if link else None,
                 drift=tuple(d.message for d in drift.get(rail.name, [])),
                 gid_index=verdict.observed.get(rail.name), gid_index_pinned=pin,
-                counters=self.counters.get(rail.name), port=self.ports.get(rail.name)))
+                counters=self.counters.get(rail.name), port=self.ports.get(rail.name),
+                transport=self.transport_results.get(rail.name)))
         return Report(
             node=cfg.resolved_node_name(),
             findings=findings,

@@ -1,7 +1,7 @@
 """What the loop is handed: typed observations from the sources, and its own requests.
 
 The sources (run/netlink.py, run/gidwatch.py, run/lustre.py, run/deviceplugin.py,
-run/custom.py, the publisher's watch of the agent's own Node) share one contract,
+run/custom.py, run/transport.py, the publisher's watch of the agent's own Node) share one contract,
 node-problem-detector's monitor shape: made with a `deliver` callable, `start()` begins
 observing on the source's own trigger (events or a cadence) on its own thread, `stop()`
 ends it, and each observation is handed over with `deliver(observation)`, which never
@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from nodeagent.config import Config
-    from nodeagent.model import CustomCheckResult, DevicePluginObservation, LustreObservation
+    from nodeagent.model import (
+        CustomCheckResult,
+        DevicePluginObservation,
+        LustreObservation,
+        TransportResult,
+    )
 
 
 class Source(Protocol):
@@ -67,6 +72,12 @@ class CustomChecksSeen:
 
 
 @dataclass(frozen=True)
+class TransportSeen:
+    results: dict[str, TransportResult]  # by rail, this round's probes
+    skipped: dict[str, str]  # rail -> why it was not probed
+
+
+@dataclass(frozen=True)
 class NodeChanged:
     """The Kubernetes side changed (the agent's Node, its writes): the status file says so
     without a pass."""
@@ -94,5 +105,5 @@ class Reloaded:
 
 
 Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | CustomChecksSeen
-        | NodeChanged | StopAsked | ReloadAsked | Reloaded)
+        | TransportSeen | NodeChanged | StopAsked | ReloadAsked | Reloaded)
 Deliver = Callable[[Work], None]

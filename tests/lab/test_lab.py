@@ -128,6 +128,48 @@ def test_2b_address_deleted_under_a_live_qp_is_restored_the_shift_reported_then_
     assert "10.10.0.0/24" in routes, "the rail's routes came back with its address"
 
 
+def test_2f_transport_probe_over_each_rail_on_soft_roce(guest: VM) -> None:
+    """RDMATransportVerified: the agent's RC QP pair over each rail's pinned GID, through
+    the rail's netdev. Healthy: figures in the message. The GID moved (an address re-added
+    under a live QP): that rail is not probed while the re-pin waits, and the re-pin still
+    happens while probes run every 2 s (the probe's own QPs are counted out). Carrier
+    lost: soft-RoCE's two QPs of one port still talk (measured), so the probe asks the port
+    first: not ACTIVE is its own reason."""
+    start_agent(guest, resync_interval="1h",
+                transport={"probe_interval": "2s", "messages": 50, "timeout": "5s"})
+    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+             120, "both rails verified")
+    message = next(c["message"] for c in status(guest)["conditions"]
+                   if c["type"] == "RDMATransportVerified")
+    assert "rail0: 50 messages p50" in message and "rail1: 50 messages p50" in message
+    print("transport probe on soft-RoCE (TCG guest):", message)
+
+    index = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    hold_qp(guest, "rxe0", index)
+    guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
+    wait_for(lambda: condition(guest, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
+             "the shift")
+    wait_for(lambda: "rail0: not probed: its GID is off its pinned index" in next(
+        (c["message"] for c in status(guest)["conditions"]
+         if c["type"] == "RDMATransportVerified"), ""), 30, "rail0 left alone while shifted")
+    guest.ssh("pkill -f '/root/guest/[q]p_holder'")
+    wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 60,
+             "re-pinned while the probe runs every 2 s")
+    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+             60, "verified again after the re-pin")
+
+    guest.set_link("rail1", False)
+    wait_for(lambda: condition(guest, "RDMATransportVerified")
+             == ("False", "TransportPortNotActive"), 60, "the port's state named")
+    text = next(c["message"] for c in status(guest)["conditions"]
+                if c["type"] == "RDMATransportVerified")
+    assert "rail1: port failed: port 1 is Down (1), not ACTIVE" in text, text
+    assert "rail0" not in text, text  # the message lists what failed; rail0 did not
+    guest.set_link("rail1", True)
+    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+             60, "verified again with the carrier back")
+
+
 def test_2c_networkd_restart_the_agent_restores_the_rules(guest: VM) -> None:
     guest.write("/etc/systemd/network/20-rail0.network",
                 "[Match]\nName=ens4\n\n[Network]\nAddress=10.10.0.5/24\n")

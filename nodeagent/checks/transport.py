@@ -1,0 +1,65 @@
+"""RDMATransportVerified from the latest active probe of each rail. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nodeagent.config import Config
+from nodeagent.model import RDMA_TRANSPORT_VERIFIED, Finding, TransportResult
+
+# The failed step -> the reason (a failed probe names where it broke).
+STEP_REASONS = {
+    "device open": "TransportDeviceOpenFailed",
+    "port": "TransportPortNotActive",
+    "GID": "TransportGIDMismatch",
+    "resources": "TransportResourcesFailed",
+    "QP to INIT": "TransportQPSetupFailed",
+    "QP to RTR": "TransportQPSetupFailed",
+    "QP to RTS": "TransportQPSetupFailed",
+    "completion": "TransportCompletionError",
+    "timeout": "TransportTimeout",
+}
+
+
+def describe(r: TransportResult) -> str:
+    if not r.ok:
+        return f"{r.rail}: {r.step} failed: {r.error}"
+    return (f"{r.rail}: {r.messages} messages p50 {r.latency_p50_us or 0:.0f} us p99 "
+            f"{r.latency_p99_us or 0:.0f} us, {r.bandwidth_gbps or 0:.2f} Gb/s "
+            f"(GID index {r.gid_index})")
+
+
+def transport_finding(cfg: Config, results: Mapping[str, TransportResult],
+                      skipped: Mapping[str, str], now: float) -> Finding:
+    """False when a rail's probe failed (the reason names the step), Unknown while a rail
+    was not probed (why is in the message: its GID shifted, its device unknown), has no
+    result yet, or its result is stale (the probe itself is stuck), else True."""
+    tr = cfg.transport
+    if tr is None:
+        return Finding(RDMA_TRANSPORT_VERIFIED, "True", "NotConfigured",
+                       "no transport section configured")
+    failed: list[tuple[str, str]] = []
+    unknown: list[str] = []
+    fine: list[str] = []
+    stale_after = 2 * tr.probe_interval + tr.timeout * (len(cfg.rails) + 1)
+    for rail in cfg.rails:
+        got = results.get(rail.name)
+        if rail.name in skipped:
+            unknown.append(f"{rail.name}: not probed: {skipped[rail.name]}")
+        elif got is None:
+            unknown.append(f"{rail.name}: not probed yet")
+        elif now - got.at > stale_after:
+            unknown.append(f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
+        elif got.ok:
+            fine.append(describe(got))
+        elif got.step in STEP_REASONS:
+            failed.append((STEP_REASONS[got.step], describe(got)))
+        else:  # pyverbs missing, or an error outside the steps: not the fabric's fault
+            unknown.append(describe(got))
+    if failed:
+        return Finding(RDMA_TRANSPORT_VERIFIED, "False", failed[0][0],
+                       "; ".join([m for _, m in failed] + unknown))
+    if unknown:
+        return Finding(RDMA_TRANSPORT_VERIFIED, "Unknown", "TransportNotVerified",
+                       "; ".join(unknown))
+    return Finding(RDMA_TRANSPORT_VERIFIED, "True", "TransportVerified", "; ".join(fine))

@@ -1,0 +1,207 @@
+"""An active RDMA probe of one rail (pyverbs, the distro's): a pair of RC QPs on the rail's
+device, connected to each other through the rail's pinned IPv4 RoCE v2 GID, so every
+message goes through the RoCE stack, the rail's netdev and UDP port 4791; then N small
+sends timed one by one (latency) and a short burst of large ones (bandwidth).
+
+Each step that can fail says so: the device open, the port ACTIVE, the GID at the pin, the
+resources, the QP moves to INIT, RTR and RTS, a completion's status (pyverbs' own words for
+it), or the deadline. The probe's QPs live only while it runs; the re-pin logic counts the
+agent's own QPs out (run/evaluate.py) and the loop never probes a rail whose GID is shifted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.model import TransportResult
+
+SIZE = 64  # bytes per latency message
+BURST = 16  # messages in flight in the bandwidth sample
+CHUNK = 64 << 10  # bytes per bandwidth message
+
+
+class ProbeFailed(Exception):
+    def __init__(self, step: str, error: str) -> None:
+        super().__init__(f"{step}: {error}")
+        self.step, self.error = step, error
+
+
+def completion_status(status: int) -> str:
+    """A work completion's status as libibverbs names it ("retry exceeded error")."""
+    try:
+        from pyverbs.cq import cqe_status_to_str
+    except ImportError:  # only for the message: the probe itself needs pyverbs
+        return f"status {status}"
+    text = str(cqe_status_to_str(status))
+    return text if not text.startswith("Unknown") else f"status {status}"
+
+
+def port_state(state: int) -> str:
+    try:
+        from pyverbs.device import port_state_to_str
+    except ImportError:
+        return f"state {state}"
+    return str(port_state_to_str(state))
+
+
+def gid_matches(gid: str, address: str) -> bool:
+    """Whether a GID (pyverbs' text) is the IPv4-mapped form of `address`."""
+    try:
+        return ipaddress.IPv6Address(gid) == ipaddress.IPv6Address(f"::ffff:{address}")
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Pair:
+    ctx: Any
+    pd: Any
+    cq: Any
+    mrs: list[Any]
+    qps: list[Any]
+
+    def close(self) -> None:
+        for obj in (*self.qps, *self.mrs, self.cq, self.pd, self.ctx):
+            if obj is not None:
+                with contextlib.suppress(Exception):  # what failed to open: nothing to keep
+                    obj.close()
+
+
+def _connect(pair: _Pair, port: int, gid: Any, gid_index: int) -> None:
+    import pyverbs.enums as e
+    from pyverbs.addr import AHAttr, GlobalRoute
+    from pyverbs.qp import QPAttr
+
+    me_peer = ((pair.qps[0], pair.qps[1]), (pair.qps[1], pair.qps[0]))
+    for step, state in (("QP to INIT", "init"), ("QP to RTR", "rtr"), ("QP to RTS", "rts")):
+        for me, peer in me_peer:
+            try:
+                if state == "init":
+                    attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
+                    attr.port_num = port
+                    attr.pkey_index = 0
+                    attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
+                    me.to_init(attr)
+                    continue
+                attr = QPAttr()
+                attr.path_mtu = e.IBV_MTU_1024
+                attr.dest_qp_num = peer.qp_num
+                attr.rq_psn = 0
+                attr.max_dest_rd_atomic = 1
+                attr.min_rnr_timer = 1
+                attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=gid_index),
+                                      is_global=1, port_num=port)
+                if state == "rtr":
+                    me.to_rtr(attr)
+                    continue
+                attr.sq_psn = 0
+                attr.timeout = 12  # 4.096 us * 2^12 = 17 ms per try
+                attr.retry_cnt = 3
+                attr.rnr_retry = 3
+                attr.max_rd_atomic = 1
+                me.to_rts(attr)
+            except Exception as exc:
+                raise ProbeFailed(step, str(exc).splitlines()[0][:200]) from exc
+
+
+def _complete(cq: Any, want: set[int], deadline: float) -> None:
+    """Poll until every wr_id in `want` completed (successfully), or fail."""
+    while want:
+        n, wcs = cq.poll(len(want) + 4)
+        for wc in wcs[:n]:
+            if wc.status != 0:
+                raise ProbeFailed("completion", f"{completion_status(wc.status)} "
+                                  f"(wr {wc.wr_id}, vendor error {wc.vendor_err})")
+            want.discard(wc.wr_id)
+        if want and time.monotonic() > deadline:
+            raise ProbeFailed("timeout", f"{len(want)} completion(s) missing at the deadline")
+
+
+def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
+               messages: int = 100, timeout: float = 10.0) -> TransportResult:
+    started = time.monotonic()
+    deadline = started + timeout
+    try:
+        import pyverbs.enums as e
+        from pyverbs.cq import CQ
+        from pyverbs.device import Context
+        from pyverbs.mr import MR
+        from pyverbs.pd import PD
+        from pyverbs.qp import QP, QPCap, QPInitAttr
+        from pyverbs.wr import SGE, RecvWR, SendWR
+    except ImportError as exc:
+        return TransportResult(rail, False, "pyverbs", f"not importable: {exc}")
+    pair = _Pair(None, None, None, [], [])
+    try:
+        try:
+            pair.ctx = Context(name=device)
+        except Exception as exc:
+            raise ProbeFailed("device open", str(exc).splitlines()[0][:200]) from exc
+        try:
+            state = pair.ctx.query_port(port).state
+        except Exception as exc:
+            raise ProbeFailed("port", str(exc).splitlines()[0][:200]) from exc
+        if state != e.IBV_PORT_ACTIVE:
+            # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured in
+            # the lab): a port that is not ACTIVE carries nothing to the wire.
+            raise ProbeFailed("port", f"port {port} is {port_state(state)}, not ACTIVE")
+        try:
+            gid = pair.ctx.query_gid(port, gid_index)
+        except Exception as exc:
+            raise ProbeFailed("GID", f"index {gid_index}: {exc}") from exc
+        if not gid_matches(str(gid), address):
+            raise ProbeFailed("GID", f"index {gid_index} holds {gid}, not the rail's "
+                              f"::ffff:{address}")
+        try:
+            pair.pd = PD(pair.ctx)
+            pair.cq = CQ(pair.ctx, 4 * BURST)
+            cap = QPCap(max_send_wr=BURST, max_recv_wr=BURST, max_send_sge=1, max_recv_sge=1)
+            for _ in range(2):
+                pair.qps.append(QP(pair.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=pair.cq,
+                                                       rcq=pair.cq, cap=cap)))
+                pair.mrs.append(MR(pair.pd, CHUNK, e.IBV_ACCESS_LOCAL_WRITE))
+        except Exception as exc:
+            raise ProbeFailed("resources", str(exc).splitlines()[0][:200]) from exc
+        _connect(pair, port, gid, gid_index)
+        sender, receiver = pair.qps
+        smr, rmr = pair.mrs
+
+        def post(wr_id: int, size: int) -> None:
+            receiver.post_recv(RecvWR(wr_id=wr_id, num_sge=1,
+                                      sg=[SGE(rmr.buf, size, rmr.lkey)]))
+            sender.post_send(SendWR(wr_id=wr_id + 1, opcode=e.IBV_WR_SEND, num_sge=1,
+                                    sg=[SGE(smr.buf, size, smr.lkey)],
+                                    send_flags=e.IBV_SEND_SIGNALED))
+
+        latencies = []
+        for i in range(messages):
+            t0 = time.perf_counter()
+            post(2 * i, SIZE)
+            _complete(pair.cq, {2 * i, 2 * i + 1}, deadline)
+            latencies.append((time.perf_counter() - t0) * 1e6)
+        t0 = time.perf_counter()
+        want: set[int] = set()
+        base = 2 * messages
+        for i in range(BURST // 2):  # each post is one recv and one send WR
+            post(base + 2 * i, CHUNK)
+            want |= {base + 2 * i, base + 2 * i + 1}
+        _complete(pair.cq, want, deadline)
+        seconds = time.perf_counter() - t0
+        cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
+        return TransportResult(
+            rail, True, messages=messages, latency_p50_us=statistics.median(latencies),
+            latency_p99_us=cuts[98], bandwidth_gbps=(BURST // 2) * CHUNK * 8 / seconds / 1e9,
+            seconds=time.monotonic() - started, gid_index=gid_index)
+    except ProbeFailed as failed:
+        return TransportResult(rail, False, failed.step, failed.error,
+                               seconds=time.monotonic() - started, gid_index=gid_index)
+    except Exception as exc:  # pyverbs raises its own errors from any call
+        return TransportResult(rail, False, "verbs", str(exc).splitlines()[0][:200],
+                               seconds=time.monotonic() - started, gid_index=gid_index)
+    finally:
+        pair.close()

@@ -1,0 +1,66 @@
+"""The transport-probe thread: every `transport.probe_interval` (and at start) it probes
+each rail the loop says may be probed, off the main loop, and delivers the results.
+
+The loop hands over the targets after each pass (`targets`): a rail whose GID is shifted,
+or whose device, pin or address is not known, is left out with the reason, so a probe never
+holds a GID entry while the agent re-pins it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from nodeagent.config import Config
+from nodeagent.model import TransportResult
+from nodeagent.probes.transport import probe_rail
+from nodeagent.run.work import Deliver, TransportSeen
+
+
+@dataclass(frozen=True)
+class Target:
+    device: str
+    port: int
+    gid_index: int
+    address: str
+
+
+class TransportMonitor(threading.Thread):
+    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+        super().__init__(name="transport-probe", daemon=True)
+        self.cfg = cfg
+        self.deliver = deliver
+        self.targets: dict[str, Target | str] | None = None  # set by the loop after a pass
+        self._halt = threading.Event()
+        self._wake = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            tr = self.cfg.transport
+            targets = self.targets
+            if tr is None or targets is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            results: dict[str, TransportResult] = {}
+            skipped: dict[str, str] = {}
+            for rail, target in targets.items():
+                if self._halt.is_set():
+                    return
+                if isinstance(target, str):
+                    skipped[rail] = target
+                    continue
+                got = probe_rail(rail, target.device, target.port, target.gid_index,
+                                 target.address, tr.messages, tr.timeout)
+                results[rail] = replace(got, at=time.monotonic())
+            self.deliver(TransportSeen(results, skipped))
+            self._wake.wait(tr.probe_interval)
+            self._wake.clear()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._wake.set()
