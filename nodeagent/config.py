@@ -126,7 +126,17 @@ def _command_name(value: str) -> str:
     return value
 
 
+def _argv(argv: list[str]) -> list[str]:
+    """A command line: the program a name or an absolute path, no NUL byte anywhere."""
+    if argv:
+        _command_name(argv[0])
+        if any("\0" in arg for arg in argv):
+            raise ValueError("an argument contains a NUL byte")
+    return argv
+
+
 AbsPath = Annotated[Path, BeforeValidator(_not_empty), AfterValidator(_absolute_path)]
+Argv = Annotated[list[str], Field(min_length=1), AfterValidator(_argv)]
 Command = Annotated[str, AfterValidator(_command_name)]
 
 
@@ -399,7 +409,7 @@ class CustomCheck(_Strict):
     problem, 2 (or anything else) unknown; the first line of its stdout is the message."""
 
     name: str
-    command: list[str] = Field(min_length=1)  # argv; the program by absolute path or on PATH
+    command: Argv  # argv; the program by absolute path or on PATH
     timeout: Timeout = 10.0  # then it is killed (its whole process group) and counts unknown
     interval: Interval = 60.0
     reason: str = "CustomCheckFailed"  # the condition's reason when this check fails
@@ -411,13 +421,6 @@ class CustomCheck(_Strict):
             raise ValueError(f"{_shown(v)} is not a check name (lowercase letters, digits, -)")
         return v
 
-    @field_validator("command")
-    @classmethod
-    def _argv(cls, v: list[str]) -> list[str]:
-        _command_name(v[0])
-        if any("\0" in arg for arg in v):
-            raise ValueError("an argument contains a NUL byte")
-        return v
 
     @field_validator("reason")
     @classmethod
@@ -461,7 +464,7 @@ class LustreMount(_Strict):
     timeout: Timeout = 5.0  # statfs (in a child process) must answer within this
     fstype: Text = "lustre"
     options: list[Text] = Field(default_factory=list)  # required mount options, e.g. [flock]
-    remount_command: list[str] | None = Field(default=None, min_length=1)  # optional repair
+    remount_command: Argv | None = None  # optional repair
     #   (argv), off by default
     remount_timeout: Timeout = 60.0
 
@@ -472,14 +475,6 @@ class LustreMount(_Strict):
             raise ValueError(f"{_shown(v)} is not an absolute path")
         return v.rstrip("/") or "/"
 
-    @field_validator("remount_command")
-    @classmethod
-    def _argv(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            _command_name(v[0])
-            if any("\0" in arg for arg in v):
-                raise ValueError("an argument contains a NUL byte")
-        return v
 
 
 def check_taint_key(v: str) -> str:

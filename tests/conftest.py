@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.kit.apiserver import ApiServer, start_apiserver, wait_policy_enforced
 from tests.kit.helpers import Netns, make_gid_tree, new_netns, roce_entries
 from tests.kit.registry_env import DOCKER_MANIFEST, Registry, start_registry
 
@@ -48,6 +49,18 @@ def agent_config(tmp_path: Path) -> dict[str, Any]:
         "runtime_dir": str(tmp_path / "run"),
         "rails": [dict(r) for r in RAILS],
     }
+
+
+@pytest.fixture(scope="session")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """The real kube-apiserver (tests/kit/apiserver.py) for the session, deploy/ applied and
+    the admission policy in force."""
+    server = start_apiserver(tmp_path_factory.mktemp("apiserver"))
+    try:
+        wait_policy_enforced(server)
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,17 +9,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.kit.apiserver import ApiServer, start_apiserver, wait_policy_enforced
-
-
-@pytest.fixture(scope="session")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    server = start_apiserver(tmp_path_factory.mktemp("apiserver"))
-    try:
-        wait_policy_enforced(server)
-        yield server
-    finally:
-        server.stop()
+from tests.kit.apiserver import ApiServer, start_apiserver
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.kit.apiserver import ApiServer, start_apiserver, wait_policy_enforced
+from tests.kit.apiserver import ApiServer
 from tests.kit.kubelet import Node
 from tests.kit.rdma_plugin import (
     BOOT,
@@ -26,16 +26,6 @@ from tests.kit.rdma_plugin import (
 )
 
 METRICS_PORT = 9464
-
-
-@pytest.fixture(scope="session")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    server = start_apiserver(tmp_path_factory.mktemp("apiserver"))
-    try:
-        wait_policy_enforced(server)
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
