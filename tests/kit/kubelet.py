@@ -291,16 +291,31 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._forget_node()
         self.start_containerd()
         self.import_image(PAUSE_IMAGE, "pause")
         self.start_kubelet()
+
+    def _forget_node(self) -> None:
+        """Delete a Node of this name that an earlier test left (the tiers share one API
+        server): the kubelet would reconcile it, and registerWithTaints applies only when
+        it registers the Node itself."""
+        core = k8s.CoreV1Api(self.server.client("admin"))
+        try:
+            core.delete_node(self.name)
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+        wait_for(lambda: not any(n.metadata.name == self.name
+                                 for n in core.list_node().items), 30,
+                 f"node {self.name} deleted")
 
     def stop(self) -> None:
         """Stop the kubelet, every container and shim, containerd; unmount, remove the
         cgroups and files the node made, put the kubelet's sysctls back."""
         self.stop_kubelet()
         if self.containerd is not None and self.containerd.poll() is None:
-            for _ in range(2):  # sandboxes first come back as tasks of their own
+            for _ in range(2):  # again: a delete can fail while its task is still dying
                 tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
                 for task in tasks:
                     self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)

@@ -33,11 +33,12 @@ def core(apiserver: ApiServer) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(apiserver.client("admin"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def node(apiserver: ApiServer, core: k8s.CoreV1Api,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """node-a, registered by its kubelet with the fabric taint (fail closed), the plugin's
-    images imported and its DaemonSet created (no pod yet)."""
+    images imported and its DaemonSet created (no pod yet). Module-scoped: the kubelet's
+    sysctls and processes are gone before the next tiers run."""
     n = Node(apiserver, tmp_path_factory.mktemp("node"), "node-a", taint=BOOT)
     try:
         start_plugin_node(n, core)
