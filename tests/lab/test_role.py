@@ -117,6 +117,9 @@ def test_role_installs_the_agent_and_settings_then_changes_nothing(
     assert code == 0 and recap["changed"] > 0 and recap["failed"] == 0, out
     assert bare.ssh("systemctl is-active nodeagent; systemctl is-enabled nodeagent"
                     ).stdout.split() == ["active", "enabled"]
+    # The default install path: the wheel built from this checkout on the controller.
+    assert bare.ssh("ls /var/cache/nodeagent").stdout.strip().startswith("nodeagent-"), \
+        "the role's own wheel was installed"
     state = json.loads(bare.ssh("/opt/nodeagent/venv/bin/nodeagent status --json").stdout)
     assert state["daemon"]["passes"] >= 1 and state["ok"], state
     assert state["daemon"]["running"] and not state["daemon"]["stale"], state
