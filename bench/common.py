@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.kit.helpers import make_gid_tree, roce_entries
+from tests.kit.helpers import Netns, make_gid_tree, roce_entries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,6 +57,17 @@ def make_rails(n: int, tmp: Path, slots: int = 255) -> dict[str, Any]:
         "runtime_dir": str(tmp / "run"),
         "rails": rails,
     }
+
+
+def netns_rails(ns: Netns, sysfs: Path, n: int = 2) -> list[dict[str, Any]]:
+    """n veth rails in a test namespace with matching GID fixture trees under `sysfs`:
+    the rails section of a config (for the benches that run the daemon in a namespace)."""
+    rails = []
+    for i in range(n):
+        ns.veth(f"r{i}", f"p{i}")
+        make_gid_tree(sysfs, f"mlx5_{i}", roce_entries(f"r{i}", f"10.1{i}.0.5"))
+        rails.append({"name": f"rail{i}", "interface": f"r{i}", "address": f"10.1{i}.0.5/24"})
+    return rails
 
 
 def pct(values: list[float], q: float) -> float:

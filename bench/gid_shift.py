@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import summary
+from common import netns_rails, summary
 from kube_publish import TaintWatcher, start_server
 
 from tests.kit.helpers import (
@@ -45,12 +45,7 @@ def main() -> None:
         watcher.start()
         watcher.ready.wait()
         sysfs = tmp / "sys"
-        rails = []
-        for i in range(2):
-            ns.veth(f"r{i}", f"p{i}")
-            make_gid_tree(sysfs, f"mlx5_{i}", roce_entries(f"r{i}", f"10.1{i}.0.5"))
-            rails.append({"name": f"rail{i}", "interface": f"r{i}",
-                          "address": f"10.1{i}.0.5/24"})
+        rails = netns_rails(ns, sysfs)
         cfg = write_config(tmp / "c.yaml", {
             "node_name": "node-a", "paths": {"sysfs": str(sysfs)},
             "state_dir": str(tmp / "state"), "runtime_dir": str(tmp / "run"),

@@ -16,15 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import summary
+from common import netns_rails, summary
 from kubernetes import client as k8s
 
 from tests.kit.apiserver import start_apiserver, wait_policy_enforced
 from tests.kit.helpers import (
     LoopbackBridge,
-    make_gid_tree,
     new_netns,
-    roce_entries,
     stop_daemon,
     wait_for,
     write_config,
@@ -65,12 +63,7 @@ def main() -> None:
         start_plugin_node(node, core)
         print(f"node up (containerd, images, kubelet registered): {time.monotonic() - t0:.1f} s")
         sysfs = tmp / "sys"
-        rails = []
-        for i in range(2):
-            ns.veth(f"r{i}", f"p{i}")
-            make_gid_tree(sysfs, f"mlx5_{i}", roce_entries(f"r{i}", f"10.1{i}.0.5"))
-            rails.append({"name": f"rail{i}", "interface": f"r{i}",
-                          "address": f"10.1{i}.0.5/24"})
+        rails = netns_rails(ns, sysfs)
         ns.ip("link", "set", "lo", "up")
         cfg = write_config(tmp / "c.yaml", {
             "node_name": "node-a", "paths": {"sysfs": str(sysfs)},
