@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from nodeagent import __version__
@@ -153,15 +152,10 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             evaluator.custom_results = run_all(cfg)
         report, repairs = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
         if cfg.transport is not None:  # probe the rails the pass found, then judge again
-            from nodeagent.probes.transport import probe_rail
+            from nodeagent.run.transport import probe_targets
 
-            for rail, target in evaluator.transport_targets().items():
-                if isinstance(target, str):
-                    evaluator.transport_skipped[rail] = target
-                else:
-                    evaluator.transport_results[rail] = replace(probe_rail(
-                        rail, *target, cfg.transport.messages, cfg.transport.timeout),
-                        at=evaluator.clock())
+            evaluator.observe_transport(probe_targets(evaluator.transport_targets(),
+                                                      cfg.transport))
             errors = report.errors  # the pass's problems, as it met them
             report = evaluator.judge(repairs)
             report.errors = errors

@@ -43,7 +43,7 @@ from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
-from nodeagent.run.transport import Target, TransportMonitor
+from nodeagent.run.transport import TransportMonitor
 from nodeagent.run.work import (
     CustomChecksSeen,
     EventsLost,
@@ -374,9 +374,7 @@ class Agent:
         if self.gid_watcher is not None:
             self.gid_watcher.watch(self.evaluator.watched_slots())
         if self.transport_monitor is not None:
-            self.transport_monitor.targets = {
-                rail: t if isinstance(t, str) else Target(*t)
-                for rail, t in self.evaluator.transport_targets().items()}
+            self.transport_monitor.targets = self.evaluator.transport_targets()
         self.take_urgent()
         self._publish(report, submit=True)
         return report
@@ -622,10 +620,7 @@ class Agent:
                         self.evaluator.mark_gid_stale()
                         judge_only = True
                     elif isinstance(item, TransportSeen):
-                        self.evaluator.transport_results.update(item.results)
-                        self.evaluator.transport_skipped = item.skipped
-                        for rail in item.skipped:
-                            self.evaluator.transport_results.pop(rail, None)
+                        self.evaluator.observe_transport(item)
                         judge_only = True
                     elif isinstance(item, CustomChecksSeen):
                         self.evaluator.custom_results = item.results

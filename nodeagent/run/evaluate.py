@@ -60,6 +60,8 @@ from nodeagent.probes.port import read_port_health
 from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
+from nodeagent.run.transport import Target
+from nodeagent.run.work import TransportSeen
 from nodeagent.state import load_pins, save_pins
 
 log = logging.getLogger(__name__)
@@ -365,11 +367,11 @@ class Evaluator:
             self._hardware_next = now + cfg.hardware.interval
         return errors
 
-    def transport_targets(self) -> dict[str, tuple[str, int, int, str] | str]:
+    def transport_targets(self) -> dict[str, Target | str]:
         """What the transport probe may probe, per rail: (device, port, pinned GID index,
         address), or why not (its GID is shifted: a probe's QPs would hold the entry the
         re-pin must free; its pin or device not known yet)."""
-        out: dict[str, tuple[str, int, int, str] | str] = {}
+        out: dict[str, Target | str] = {}
         shifts = self.gid_verdict.shifts if self.gid_verdict is not None else {}
         for rail in self.cfg.rails:
             pin = pin_for(rail, self.pins)
@@ -381,9 +383,16 @@ class Evaluator:
             elif (pin.device or device) is None:
                 out[rail.name] = "its RDMA device is not known yet"
             else:
-                out[rail.name] = (pin.device or device or "", pin.port or port, pin.index,
-                                  rail.ip)
+                out[rail.name] = Target(pin.device or device or "", pin.port or port,
+                                        pin.index, rail.ip)
         return out
+
+    def observe_transport(self, seen: TransportSeen) -> None:
+        """A round of transport probes: a skipped rail forgets its last result."""
+        self.transport_results.update(seen.results)
+        self.transport_skipped = dict(seen.skipped)
+        for rail in seen.skipped:
+            self.transport_results.pop(rail, None)
 
     def hardware_due(self) -> float | None:
         """When the ports are to be read again (None: no hardware section)."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from nodeagent.config import Config
+from nodeagent.config import Config, Transport
 from nodeagent.model import TransportResult
 from nodeagent.probes.transport import probe_rail
 from nodeagent.run.work import Deliver, TransportSeen
@@ -24,6 +25,24 @@ class Target:
     port: int
     gid_index: int
     address: str
+
+
+def probe_targets(targets: Mapping[str, Target | str], tr: Transport,
+                  halted: Callable[[], bool] = lambda: False) -> TransportSeen:
+    """One round: each target probed in turn (until `halted`), the others with why not.
+    The daemon's thread and the CLI's one-shot check share it."""
+    results: dict[str, TransportResult] = {}
+    skipped: dict[str, str] = {}
+    for rail, target in targets.items():
+        if halted():
+            break
+        if isinstance(target, str):
+            skipped[rail] = target
+            continue
+        got = probe_rail(rail, target.device, target.port, target.gid_index, target.address,
+                         tr.messages, tr.timeout)
+        results[rail] = replace(got, at=time.monotonic())
+    return TransportSeen(results, skipped)
 
 
 class TransportMonitor(threading.Thread):
@@ -43,18 +62,10 @@ class TransportMonitor(threading.Thread):
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
-            results: dict[str, TransportResult] = {}
-            skipped: dict[str, str] = {}
-            for rail, target in targets.items():
-                if self._halt.is_set():
-                    return
-                if isinstance(target, str):
-                    skipped[rail] = target
-                    continue
-                got = probe_rail(rail, target.device, target.port, target.gid_index,
-                                 target.address, tr.messages, tr.timeout)
-                results[rail] = replace(got, at=time.monotonic())
-            self.deliver(TransportSeen(results, skipped))
+            seen = probe_targets(targets, tr, self._halt.is_set)
+            if self._halt.is_set():
+                return
+            self.deliver(seen)
             self._wake.wait(tr.probe_interval)
             self._wake.clear()
 
