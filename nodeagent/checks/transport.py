@@ -38,6 +38,8 @@ def transport_finding(cfg: Config, results: Mapping[str, TransportResult],
     if tr is None:
         return Finding(RDMA_TRANSPORT_VERIFIED, "True", "NotConfigured",
                        "no transport section configured")
+    if not cfg.rails:
+        return Finding(RDMA_TRANSPORT_VERIFIED, "True", "NotConfigured", "no rails configured")
     failed: list[tuple[str, str]] = []
     unknown: list[str] = []
     fine: list[str] = []

@@ -105,3 +105,8 @@ def test_the_latest_probe_is_in_the_status_and_the_metrics() -> None:
         in text
     rails = report.as_dict()["rails"]
     assert rails[1]["transport"]["step"] == "completion"
+
+
+def test_no_rails_is_not_configured_rather_than_verified() -> None:
+    f = transport_finding(parse_config({"transport": {}}), {}, {}, 0.0)
+    assert (f.status, f.reason) == ("True", "NotConfigured")
