@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from tests.kit.apiserver import ApiServer, start_apiserver, wait_policy_enforced
-from tests.kit.helpers import Netns, make_gid_tree, new_netns, roce_entries
+from tests.kit.helpers import Netns, build_cache, make_gid_tree, new_netns, roce_entries
 from tests.kit.registry_env import DOCKER_MANIFEST, Registry, start_registry
+from tools import imagebuild
 
 
 @pytest.fixture
@@ -84,6 +85,23 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
         yield reg
     finally:
         reg.stop()
+
+
+@pytest.fixture(scope="session")
+def agent_image(tmp_path_factory: pytest.TempPathFactory) -> imagebuild.Image:
+    """The agent's container image (tools/imagebuild.py) built from this checkout; its
+    Debian and dependency layers come from the build cache while their recipes hold."""
+    return imagebuild.build(tmp_path_factory.mktemp("image") / "layout", build_cache("image"))
+
+
+@pytest.fixture(scope="session")
+def pushed_image(registry: Registry, agent_image: imagebuild.Image) -> str:
+    """The agent's image pushed to the test registry where anyone may pull it; returns the
+    reference a DaemonSet would name."""
+    tag = agent_image.reference.split(":", 1)[1]
+    assert registry.push_layout("public/nodeagent", tag, agent_image.layout) == \
+        agent_image.index_digest
+    return f"{registry.host}/public/nodeagent:{tag}"
 
 
 # Property-based tests: a fixed, derandomized campaign in CI; HYPOTHESIS_PROFILE=campaign

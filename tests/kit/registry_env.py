@@ -238,14 +238,35 @@ class Registry:
             raise RuntimeError(f"blob upload: HTTP {resp.status} {resp.data[:300]!r}")
         return digest
 
-    def push_manifest(self, repo: str, reference: str, body: dict[str, Any]) -> str:
-        data = json.dumps(body).encode()
+    def push_manifest(self, repo: str, reference: str, body: dict[str, Any] | bytes) -> str:
+        """Push a manifest or index (a dict, or its exact bytes: a digest names bytes)."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
         resp = self.client().request(
             "PUT", f"https://{self.host}/v2/{repo}/manifests/{reference}", body=data,
-            headers={**self._push_headers(repo), "Content-Type": body["mediaType"]})
+            headers={**self._push_headers(repo),
+                     "Content-Type": json.loads(data)["mediaType"]})
         if resp.status != 201:
             raise RuntimeError(f"manifest push: HTTP {resp.status} {resp.data[:300]!r}")
         return digest_of(data)
+
+    def push_layout(self, repo: str, tag: str, layout: Path) -> str:
+        """Push the one image of an OCI image layout (its index under `tag`, each manifest
+        and blob under its digest, children first, as `crane`/`skopeo` do); returns the
+        digest the tag names."""
+        blobs = layout / "blobs" / "sha256"
+
+        def push(digest: str, reference: str) -> None:
+            data = (blobs / digest.split(":", 1)[1]).read_bytes()
+            body = json.loads(data)
+            for child in body.get("manifests", []):
+                push(child["digest"], child["digest"])
+            for blob in [body["config"], *body["layers"]] if "config" in body else []:
+                self.push_blob(repo, (blobs / blob["digest"].split(":", 1)[1]).read_bytes())
+            self.push_manifest(repo, reference, data)
+
+        (top,) = json.loads((layout / "index.json").read_text())["manifests"]
+        push(top["digest"], tag)
+        return str(top["digest"])
 
     def push_single(self, repo: str, tag: str, os_: str, arch: str, variant: str = "",
                     media_type: str = OCI_MANIFEST) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.kit.helpers import build_cache
+from tools import imagebuild
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = build_cache("lab")
@@ -128,19 +129,15 @@ def build_image() -> Image:
 
 
 def wheelhouse() -> Path:
-    """The agent as a wheel from this checkout, with its dependencies' wheels."""
-    deps = CACHE / ("wheels-" + hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
-                    .hexdigest()[:16])
-    if not deps.exists():
-        tmp = deps.with_suffix(".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        _run(str(ROOT / ".venv" / "bin" / "pip"), "download", "-q", "-d", str(tmp), str(ROOT))
-        tmp.rename(deps)
-    for old in deps.glob("nodeagent-*"):
+    """The agent as a wheel from this checkout beside its dependencies' wheels (the image's
+    builder makes both): a directory pip installs from with --no-index."""
+    app, deps = imagebuild.wheelhouse(CACHE)
+    house = deps[0].parent
+    for old in house.glob("nodeagent-*"):
         old.unlink()
-    _run(str(ROOT / ".venv" / "bin" / "pip"), "wheel", "-q", "--no-deps", "-w", str(deps),
-         str(ROOT))
-    return deps
+    shutil.move(app, house / app.name)
+    shutil.rmtree(app.parent, ignore_errors=True)
+    return house
 
 
 def _free_port() -> int:
