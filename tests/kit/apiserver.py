@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TESTENV_SRC = ROOT / "tools" / "testenv"
 CACHE = build_cache("testenv")
 AGENT_GROUP = "nodeagent:agents"
+KUBE_VERSION = "v1.34.4"  # tools/testenv/go.mod's k8s.io/kubernetes
 
 
 def source_hash() -> str:
@@ -57,6 +58,27 @@ def build_testenv() -> Path:
                          capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"building tools/testenv failed:\n{res.stderr[-4000:]}")
+    tmp.rename(binary)
+    return binary
+
+
+def build_kube_binary(name: str) -> Path:
+    """k8s.io/kubernetes/cmd/<name> of tools/testenv's module (the kubelet, the scheduler,
+    the controller manager), stamped with its version (else it reports v0.0.0-master),
+    cached by source hash."""
+    binary = CACHE / f"{name}-{source_hash()}"
+    if binary.exists():
+        return binary
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".tmp")
+    major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
+    stamp = " ".join(f"-X k8s.io/component-base/version.{k}={v}" for k, v in
+                     (("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor)))
+    res = subprocess.run([go_binary(), "build", "-o", str(tmp), f"-ldflags={stamp}",
+                          f"k8s.io/kubernetes/cmd/{name}"],
+                         cwd=TESTENV_SRC, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"building {name} failed:\n{res.stderr[-4000:]}")
     tmp.rename(binary)
     return binary
 
@@ -190,6 +212,9 @@ def add_identities(server: ApiServer) -> None:
         server.add_identity(f"agent-{node}", f"nodeagent:node:{node}", [AGENT_GROUP])
         server.add_identity(f"kubelet-{node}", f"system:node:{node}", ["system:nodes"])
     server.add_identity("stranger", "someone", ["developers"])
+    # the control plane's own identities (bootstrap RBAC gives them their roles)
+    server.add_identity("controller-manager", "system:kube-controller-manager", [])
+    server.add_identity("scheduler", "system:kube-scheduler", [])
 
 
 def start_apiserver(workdir: Path) -> ApiServer:

@@ -28,37 +28,15 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from tests.kit.apiserver import CACHE, TESTENV_SRC, ApiServer, go_binary, source_hash
+from tests.kit.apiserver import ApiServer, build_kube_binary
 from tests.kit.helpers import free_port, wait_for
 from tests.kit.images import build_program, ctr, oci_image
 
-KUBE_VERSION = "v1.34.4"  # tools/testenv/go.mod's k8s.io/kubernetes
 PAUSE_IMAGE = "nodeagent.test/pause:1"
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # hard-coded in the kubelet
 CONTAINER_LOGS = Path("/var/log/containers")  # hard-coded in the kubelet
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def build_kubelet() -> Path:
-    """The kubelet of tools/testenv's k8s.io/kubernetes, stamped with its version (else the
-    Node reports v0.0.0-master), cached by source hash."""
-    binary = CACHE / f"kubelet-{source_hash()}"
-    if binary.exists():
-        return binary
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
-    major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
-    stamp = " ".join(f"-X k8s.io/component-base/version.{k}={v}" for k, v in
-                     (("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor)))
-    res = subprocess.run([go_binary(), "build", "-o", str(tmp), f"-ldflags={stamp}",
-                          "k8s.io/kubernetes/cmd/kubelet"],
-                         cwd=TESTENV_SRC, capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"building the kubelet failed:\n{res.stderr[-4000:]}")
-    tmp.rename(binary)
-    return binary
 
 
 def _sysctl_path(name: str) -> Path:
@@ -121,6 +99,8 @@ class Node:
     kubelet: subprocess.Popen[bytes] | None = None
     _saved_sysctls: dict[str, str] = field(default_factory=dict)
     _made_dirs: list[Path] = field(default_factory=list)
+    # registries containerd pulls from: host:port -> the CA its TLS certificate is from
+    registries: dict[str, Path] = field(default_factory=dict)
 
     @property
     def socket(self) -> Path:
@@ -174,7 +154,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
     runtime_type = "io.containerd.runc.v2"
   [{cri}.containerd.runtimes.runc.options]
     SystemdCgroup = false
+  [{cri}.registry]
+    config_path = "{d / 'certs.d'}"
 """
+        for host, ca in self.registries.items():  # containerd's hosts.toml, one per registry
+            hosts = d / "certs.d" / host / "hosts.toml"
+            hosts.parent.mkdir(parents=True, exist_ok=True)
+            hosts.write_text(f'server = "https://{host}"\n[host."https://{host}"]\n'
+                             f'  capabilities = ["pull", "resolve"]\n  ca = "{ca}"\n')
         path = d / "config.toml"
         path.write_text(text)
         return path
@@ -259,7 +246,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         kubeconfig = self.server.kubeconfig(f"kubelet-{self.name}",
                                             self.workdir / "kubelet.kubeconfig")
         config = self._kubelet_config()
-        binary = build_kubelet()
+        binary = build_kube_binary("kubelet")
         with open(self.workdir / "kubelet.log", "ab") as log:
             self.kubelet = subprocess.Popen(
                 [str(binary), f"--config={config}", f"--kubeconfig={kubeconfig}",

@@ -1,8 +1,9 @@
 """The kubelet tier: a real kubelet, containerd and runc against the test apiserver, the test
 device plugin as the plugin DaemonSet's pod, and the agent as a daemon in a netns with rails.
 
-No scheduler or controller-manager runs: the tests create the DaemonSet's pods themselves
-(with `nodeName` and an ownerReference), as the DaemonSet controller would.
+In the device-plugin story no scheduler or controller-manager runs: the tests create the
+DaemonSet's pods themselves (with `nodeName` and an ownerReference), as the DaemonSet
+controller would. test_agent_pod.py runs both, against an API server of its own.
 """
 
 from __future__ import annotations

@@ -80,8 +80,9 @@ def test_the_layout_says_what_the_image_is(agent_image: Image) -> None:
 
 def test_the_agent_runs_from_the_images_root(rootfs: Path, tmp_path: Path) -> None:
     def chroot(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["/usr/sbin/chroot", str(rootfs), *argv], capture_output=True, text=True,
-                              timeout=120, env={"PATH": "/opt/nodeagent/bin:/usr/bin:/bin"})
+        return subprocess.run(["/usr/sbin/chroot", str(rootfs), *argv], capture_output=True,
+                              text=True, timeout=120,
+                              env={"PATH": "/opt/nodeagent/bin:/usr/bin:/bin"})
 
     assert chroot("nodeagent", "--version").stdout.strip() == f"nodeagent {__version__}"
     # The distro's pyverbs, through the venv's --system-site-packages (the PyPI one does

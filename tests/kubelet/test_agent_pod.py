@@ -1,0 +1,149 @@
+"""DaemonSet mode end to end: the agent's own image (tools/imagebuild.py, from Debian
+packages) pushed to the real registry; deploy/daemonset rendered by the real kustomize and
+created on an API server of its own, where the real controller manager makes the
+DaemonSet's pod and the real scheduler binds it to node-a; containerd pulls the image from
+the registry; the agent in it, authenticated by its pod-bound token, publishes its
+conditions on node-a and lifts the boot taint the kubelet registered the node with.
+
+Changed from deploy/daemonset, for this machine only: the image reference, the API server's
+address (no kube-proxy here to reach the `kubernetes` Service's cluster IP), the hostPath
+directories (the test's, not the host's) and the metrics port."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import utils as k8s_utils
+
+from tests.kit.apiserver import ApiServer, start_apiserver, wait_policy_enforced
+from tests.kit.control_plane import ControlPlane, start_control_plane
+from tests.kit.deploytools import build_tool
+from tests.kit.helpers import free_port, wait_for
+from tests.kit.kubelet import Node
+from tests.kit.rdma_plugin import BOOT, KEY
+from tests.kit.registry_env import Registry
+from tools.imagebuild import Image
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "nodeagent-system"
+LABEL = "app.kubernetes.io/name=nodeagent"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
+                                                                        ControlPlane]]:
+    """An API server of this module's own (a controller manager acts on every DaemonSet it
+    sees: the session's holds other tests' objects), deploy/ applied, with a control plane."""
+    server = start_apiserver(tmp_path_factory.mktemp("cluster"))
+    try:
+        wait_policy_enforced(server)
+        # The policy's probe Node would get a DaemonSet pod of its own: gone before any.
+        k8s.CoreV1Api(server.client("admin")).delete_node("policy-probe")
+        plane = start_control_plane(server, server.workdir / "control-plane", NS)
+        try:
+            yield server, plane
+        finally:
+            plane.stop()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def agent_node(cluster: tuple[ApiServer, ControlPlane], registry: Registry,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """node-a, registered with the fabric taint (fail closed), pulling from the registry."""
+    server, _ = cluster
+    n = Node(server, tmp_path_factory.mktemp("node"), "node-a", taint=BOOT,
+             registries={registry.host: registry.ca})
+    try:
+        n.start()
+        n.wait_registered(k8s.CoreV1Api(server.client("admin")))
+        yield n
+    finally:
+        n.stop()
+
+
+def rendered(image: str, server: ApiServer, state: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([str(build_tool("kustomize")), "build", str(ROOT / "deploy" /
+                                                                     "daemonset")],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    objects = [d for d in yaml.safe_load_all(out) if d]
+    for obj in objects:
+        if obj["kind"] == "ConfigMap":
+            config = yaml.safe_load(obj["data"]["config.yaml"])
+            config["metrics"]["listen"] = f"127.0.0.1:{free_port()}"
+            config["kubernetes"]["clear_after"] = "1s"
+            obj["data"]["config.yaml"] = yaml.safe_dump(config)
+        if obj["kind"] == "DaemonSet":
+            spec = obj["spec"]["template"]["spec"]
+            spec["terminationGracePeriodSeconds"] = 5
+            container = spec["containers"][0]
+            container["image"] = image
+            container["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                                 {"name": "KUBERNETES_SERVICE_PORT", "value": str(server.port)}]
+            for volume in spec["volumes"]:
+                if volume["name"] in ("state", "run"):
+                    volume["hostPath"]["path"] = str(state / volume["name"])
+    return objects
+
+
+def diagnosis(server: ApiServer, node: Node, plane: ControlPlane) -> str:
+    core = k8s.CoreV1Api(server.client("admin"))
+    pods = [p.to_dict() for p in core.list_namespaced_pod(NS).items]
+    logs = sorted(node.pod_logs.rglob("*.log"))
+    parts = [json.dumps([{"spec.nodeName": p["spec"].get("node_name"), "status": p["status"]}
+                         for p in pods], default=str)[-3000:]]
+    parts += [f"{log}:\n{log.read_text()[-3000:]}" for log in logs]
+    parts += [f"{c.name}:\n{c.log.read_text()[-2000:]}" for c in plane.components]
+    parts.append("containerd:\n" + (node.workdir / "containerd.log").read_text()[-2000:])
+    return "\n".join(parts)
+
+
+def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
+        cluster: tuple[ApiServer, ControlPlane], agent_node: Node, registry: Registry,
+        pushed_image: str, agent_image: Image, tmp_path: Path) -> None:
+    server, plane = cluster
+    admin = server.client("admin")
+    core = k8s.CoreV1Api(admin)
+    assert any(t.key == KEY for t in core.read_node("node-a").spec.taints or [])
+    for obj in rendered(pushed_image, server, tmp_path):
+        k8s_utils.create_from_dict(admin, obj)
+
+    def running() -> Any:
+        for pod in core.list_namespaced_pod(NS, label_selector=LABEL).items:
+            statuses = pod.status.container_statuses or []
+            if pod.spec.node_name == "node-a" and statuses and statuses[0].state.running:
+                return pod
+        return None
+    try:
+        pod = wait_for(running, 180, "the DaemonSet's agent pod running on node-a")
+
+        def published() -> Any:
+            node = core.read_node("node-a")
+            ready = {c.type: c for c in node.status.conditions or []}.get("FabricReady")
+            untainted = not any(t.key == KEY for t in node.spec.taints or [])
+            return node if ready is not None and ready.status == "True" and untainted \
+                else None
+        node = wait_for(published, 120, "the agent's conditions on node-a, the taint lifted")
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{diagnosis(server, agent_node, plane)}") from exc
+
+    # Made by the DaemonSet controller, bound by the scheduler, pulled from the registry.
+    (owner,) = pod.metadata.owner_references
+    assert (owner.kind, owner.name, owner.controller) == ("DaemonSet", "nodeagent", True)
+    assert pod.spec.affinity.node_affinity is not None, "the controller's node affinity"
+    assert pod.status.container_statuses[0].image_id == \
+        f"{registry.host}/public/nodeagent@{agent_image.index_digest}"
+    assert pod.spec.service_account_name == "nodeagent"
+    # What the agent published, as `kubectl describe node` shows it.
+    conditions = {c.type: (c.status, c.reason) for c in node.status.conditions}
+    assert conditions["FabricReady"] == ("True", "AllConditionsPassed")
+    assert conditions["RoCENetworkReady"] == ("True", "NotConfigured")  # no rails here
+    assert conditions["Ready"][0] == "True", "the kubelet's own condition stays beside them"
