@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import venv
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from nodeagent import __version__
 from tests.kit.helpers import Netns, stop_daemon, write_config
 from tests.kit.vm import wheelhouse
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_wheel_alone_validates_runs_and_says_ready(
@@ -63,3 +67,27 @@ def test_the_wheel_alone_validates_runs_and_says_ready(
             code, log = stop_daemon(proc)
     assert code == 0 and "Traceback" not in log, log
     assert "sd_notify over $NOTIFY_SOCKET directly" in log
+
+
+def test_sdist_and_wheel_build_and_pass_twine_check(tmp_path: Path) -> None:
+    """What a release uploads: `python -m build` makes the sdist, then the wheel from the
+    sdist (so the sdist is complete), and `twine check --strict` accepts both (metadata,
+    README rendering on the index)."""
+    dist = tmp_path / "dist"
+    res = subprocess.run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (sdist,) = dist.glob(f"nodeagent-{__version__}.tar.gz")
+    (wheel,) = dist.glob(f"nodeagent-{__version__}-py3-none-any.whl")
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist),
+                            str(wheel)], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.count("PASSED") == 2, check.stdout
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert any(n.startswith("nodeagent/cli/manifests/") and n.endswith(".yaml")
+               for n in names), "the templates `nodeagent deploy` renders"
+    assert not any(n.startswith(("tests/", "tools/", "bench/")) for n in names), \
+        "only the agent ships"
+    print(f"\nsdist {sdist.stat().st_size / 1e3:.0f} kB, wheel {wheel.stat().st_size / 1e3:.0f}"
+          f" kB ({len(names)} files)")
