@@ -24,3 +24,24 @@ def test_the_readme_config_reference_parses_with_every_section() -> None:
     assert cfg.transport is not None and cfg.transport.probe_interval == 300
     assert cfg.custom_checks is not None and cfg.custom_checks.checks[0].name == "gpu-ecc"
     assert cfg.fabric_traffic is not None and cfg.lustre and cfg.kubernetes is not None
+
+
+def test_the_readme_architecture_names_every_module() -> None:
+    """"How it works" lists the package's modules: a new one cannot go unmentioned."""
+    text = README.read_text()
+    section = text[text.index("## How it works"):]
+    block = re.search(r"```\nnodeagent/\n(.*?)```", section, re.S)
+    assert block is not None, "no nodeagent/ tree under ## How it works"
+    tree = block.group(1)
+    package = README.parent / "nodeagent"
+    missing = []
+    for module in sorted(package.rglob("*.py")):
+        if module.name in ("__init__.py", "__main__.py"):
+            continue
+        sub = module.parent.relative_to(package).as_posix()
+        # A subpackage's modules are named on its line and the lines that continue it.
+        entry = re.search(rf"^  {re.escape(sub)}/ (.*?)(?=^  \S|\Z)", tree, re.S | re.M) \
+            if sub != "." else re.search(r"(.*)", tree, re.S)
+        if entry is None or module.name not in entry.group(1):
+            missing.append(str(module.relative_to(package)))
+    assert not missing, f"modules not in the README's tree: {missing}"
