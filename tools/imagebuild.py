@@ -349,12 +349,6 @@ def layout_tar(layout: Path, tar_path: Path) -> Path:
     return tar_path
 
 
-def blobs(image: Image) -> dict[str, bytes]:
-    """Every blob of the image by digest (what a push uploads)."""
-    d = image.layout / "blobs" / "sha256"
-    return {"sha256:" + p.name: p.read_bytes() for p in sorted(d.iterdir())}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools/build-image", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "build" / "image",
