@@ -176,6 +176,15 @@ def _remember(cache: Path, key: str, layer: Layer) -> Layer:
     return layer
 
 
+def _prune(cache: Path) -> None:
+    """Remove cached blobs no remembered layer names (app layers, interrupted builds)."""
+    kept = {json.loads(meta.read_text())["digest"].split(":", 1)[1]
+            for meta in cache.glob("*.json")}
+    for blob in (cache / "blobs").iterdir():
+        if blob.name not in kept:
+            blob.unlink()
+
+
 def debian_recipe() -> tuple[str, int]:
     epoch = _commit_time("tools/imagebuild.py")
     h = hashlib.sha256("\n".join([SUITE, MIRROR, str(epoch), dpkg_arch(), *MMDEBSTRAP])
@@ -301,6 +310,7 @@ def build(out: Path, cache: Path, name: str = "nodeagent") -> Image:
     (out / "blobs" / "sha256").mkdir(parents=True)
     for layer in layers:
         shutil.copyfile(layer.blob, out / "blobs" / "sha256" / layer.digest.split(":", 1)[1])
+    _prune(cache)  # the app layer is rebuilt each time: only remembered layers stay
     created = datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     config: dict[str, Any] = {
         "created": created, "architecture": arch, "os": "linux",
