@@ -164,7 +164,9 @@ class Publisher(threading.Thread):
             # leaves it off the verdict (seen by the watch) writes the Node.
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
                    want, tuple(sorted(report.labels.items())))
-            foreign = dirty and watched is not None and self._drifted(watched, report, tainted)
+            # Before the agent's first write the Node lacks its verdict by no one's doing.
+            foreign = (dirty and watched is not None and self._applied is not None
+                       and self._drifted(watched, report, tainted))
             beat = self._applied is not None and now >= self._next_heartbeat
             if reconcile or foreign or beat or key != self._applied or tainted != before:
                 if foreign:

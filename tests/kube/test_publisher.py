@@ -4,6 +4,7 @@ conflicts, races, restarts, and what the admission policy lets an agent do."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -590,3 +591,30 @@ def test_a_boot_taint_without_a_value_is_removed_in_one_write(
     values = [v for taints in seen for k, v in taints if k == KEY]
     assert values and set(values) == {None}, seen
 
+
+
+def test_only_someone_elses_edit_is_logged_as_foreign(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher], caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The agent's first write finds the Node without its conditions: that is not another
+    writer's doing (seen in the DaemonSet pod's log before this was fixed)."""
+    foreign = "changed by another writer"
+    node = fresh_node("node-a")
+    caplog.set_level(logging.INFO, logger="nodeagent.publish.publisher")
+    pub = publisher(node, clear_after=0.0, reconcile_interval="1h")
+    wait_for(lambda: pub.node_watch is not None and pub.node_watch.synced.is_set(),
+             what="the agent's watch of its Node")
+    pub.submit(report(node))
+    wait_for(lambda: conditions(core, node).get("FabricReady", {}).get("status") == "True",
+             what="published")
+    assert foreign not in caplog.text
+    admin = k8s.CoreV1Api(apiserver.client("admin"))
+    admin.patch_node(node, {"metadata": {"labels": {"unrelated": "edit"}}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    admin.patch_node_status(node, {"status": {"conditions": [{
+        "type": "FabricReady", "status": "False", "reason": "Forged", "message": "x",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}},
+        _content_type="application/strategic-merge-patch+json")
+    wait_for(lambda: foreign in caplog.text, timeout=5, what="the forged condition noticed")
+    assert caplog.text.count(foreign) == 1, "an unrelated label edit is nobody's drift"
