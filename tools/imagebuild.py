@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     except BuildError as exc:
         print(f"tools/build-image: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # an unwritable cache or output directory, a full disk
+        print(f"tools/build-image: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        return 1
     tar = layout_tar(image.layout, args.out.with_suffix(".tar"))
     print(f"{image.reference} ({image.platform}) in {time.monotonic() - start:.1f} s")
     print(f"  layout {image.layout}  tar {tar}")
