@@ -3,11 +3,14 @@ packages) pushed to the real registry; deploy/daemonset rendered by the real kus
 created on an API server of its own, where the real controller manager makes the
 DaemonSet's pod and the real scheduler binds it to node-a; containerd pulls the image from
 the registry; the agent in it, authenticated by its pod-bound token, publishes its
-conditions on node-a and lifts the boot taint the kubelet registered the node with.
+conditions on node-a and lifts the boot taint the kubelet registered the node with. The
+test device plugin runs as its own DaemonSet's pod beside it, and the agent judges it
+through the runtime's directories the DaemonSet mounts (the image containerd pulled).
 
 Changed from deploy/daemonset, for this machine only: the image reference, the API server's
 address (no kube-proxy here to reach the `kubernetes` Service's cluster IP), the hostPath
-directories (the test's, not the host's) and the metrics port."""
+directories (the test's and this node's, not the host's), the metrics port, and a
+`device_plugin` section in the config."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from tests.kit.control_plane import ControlPlane, start_control_plane
 from tests.kit.deploytools import build_tool
 from tests.kit.helpers import free_port, wait_for
 from tests.kit.kubelet import Node
-from tests.kit.rdma_plugin import BOOT, KEY
+from tests.kit.rdma_plugin import BOOT, DEVICES, DS, KEY, RESOURCE, start_plugin_node
+from tests.kit.rdma_plugin import NS as PLUGIN_NS
 from tests.kit.registry_env import Registry
 from tools.imagebuild import Image
 
@@ -58,19 +62,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServe
 @pytest.fixture(scope="module")
 def agent_node(cluster: tuple[ApiServer, ControlPlane], registry: Registry,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    """node-a, registered with the fabric taint (fail closed), pulling from the registry."""
+    """node-a, registered with the fabric taint (fail closed), pulling from the registry;
+    the test device plugin's DaemonSet created (its controller makes the pod)."""
     server, _ = cluster
     n = Node(server, tmp_path_factory.mktemp("node"), "node-a", taint=BOOT,
              registries={registry.host: registry.ca})
     try:
-        n.start()
-        n.wait_registered(k8s.CoreV1Api(server.client("admin")))
+        start_plugin_node(n, k8s.CoreV1Api(server.client("admin")))
         yield n
     finally:
         n.stop()
 
 
-def rendered(image: str, server: ApiServer, state: Path) -> list[dict[str, Any]]:
+def rendered(image: str, server: ApiServer, node: Node, state: Path) -> list[dict[str, Any]]:
     out = subprocess.run([str(build_tool("kustomize")), "build", str(ROOT / "deploy" /
                                                                      "daemonset")],
                          capture_output=True, text=True, check=True, timeout=120).stdout
@@ -80,6 +84,10 @@ def rendered(image: str, server: ApiServer, state: Path) -> list[dict[str, Any]]
             config = yaml.safe_load(obj["data"]["config.yaml"])
             config["metrics"]["listen"] = f"127.0.0.1:{free_port()}"
             config["kubernetes"]["clear_after"] = "1s"
+            # The runtime's directories at their default paths (the DaemonSet mounts them).
+            config["device_plugin"] = {"namespace": PLUGIN_NS, "daemonset": DS,
+                                       "resource": RESOURCE, "min_allocatable": DEVICES,
+                                       "registry": {"timeout": "2s"}}
             obj["data"]["config.yaml"] = yaml.safe_dump(config)
         if obj["kind"] == "DaemonSet":
             spec = obj["spec"]["template"]["spec"]
@@ -88,9 +96,11 @@ def rendered(image: str, server: ApiServer, state: Path) -> list[dict[str, Any]]
             container["image"] = image
             container["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                                  {"name": "KUBERNETES_SERVICE_PORT", "value": str(server.port)}]
+            paths = {"state": state / "state", "run": state / "run",
+                     "containerd-content": node.content_root, "pod-logs": node.pod_logs}
             for volume in spec["volumes"]:
-                if volume["name"] in ("state", "run"):
-                    volume["hostPath"]["path"] = str(state / volume["name"])
+                if volume["name"] in paths:
+                    volume["hostPath"]["path"] = str(paths[volume["name"]])
     return objects
 
 
@@ -113,7 +123,7 @@ def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
     admin = server.client("admin")
     core = k8s.CoreV1Api(admin)
     assert any(t.key == KEY for t in core.read_node("node-a").spec.taints or [])
-    for obj in rendered(pushed_image, server, tmp_path):
+    for obj in rendered(pushed_image, server, agent_node, tmp_path):
         k8s_utils.create_from_dict(admin, obj)
 
     def running() -> Any:
@@ -146,4 +156,8 @@ def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
     conditions = {c.type: (c.status, c.reason) for c in node.status.conditions}
     assert conditions["FabricReady"] == ("True", "AllConditionsPassed")
     assert conditions["RoCENetworkReady"] == ("True", "NotConfigured")  # no rails here
+    assert conditions["RDMADevicePluginReady"] == ("True", "PluginReady")
+    plugin = next(c for c in node.status.conditions if c.type == "RDMADevicePluginReady")
+    # read through the DaemonSet's mount of containerd's content store
+    assert "pulled image linux/amd64 verified by the runtime" in plugin.message
     assert conditions["Ready"][0] == "True", "the kubelet's own condition stays beside them"
