@@ -12,6 +12,7 @@ import time
 
 from tests.kit.helpers import wait_for
 from tests.kit.labkit import (
+    RAILS,
     addresses,
     condition,
     hold_qp,
@@ -168,6 +169,33 @@ def test_2f_transport_probe_over_each_rail_on_soft_roce(guest: VM) -> None:
     guest.set_link("rail1", True)
     wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
              60, "verified again with the carrier back")
+
+
+def test_2g_transport_probe_of_an_observed_rail_whose_address_is_gone(guest: VM) -> None:
+    """An observe-only rail (another tool owns it) loses its address and nobody puts it back:
+    the kernel drops its IPv4 RoCE v2 GID, and the probe over the pinned slot fails at its
+    GID step with a reason, instead of hanging or probing the wrong GID; the address back
+    -> the GID back at its slot -> verified again."""
+    rails = [{**RAILS[0], "manage": False}, RAILS[1]]
+    guest.ssh("ip addr replace 10.10.0.5/24 dev ens4")  # the other tool's doing
+    start_agent(guest, rails=rails, resync_interval="1h",
+                transport={"probe_interval": "2s", "messages": 20, "timeout": "5s"})
+    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+             120, "both rails verified")
+    index = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
+    wait_for(lambda: condition(guest, "RDMATransportVerified")
+             == ("False", "TransportGIDMismatch"), 60, "the probe's GID step named")
+    text = next(c["message"] for c in status(guest)["conditions"]
+                if c["type"] == "RDMATransportVerified")
+    assert text.startswith("rail0: GID failed: "), text
+    assert "rail1" not in text.split(";")[0], text
+    assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") is None, "observed, never repaired"
+    guest.ssh("ip addr add 10.10.0.5/24 dev ens4")
+    wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
+             "the GID back at its slot")
+    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+             60, "verified again")
 
 
 def test_2c_networkd_restart_the_agent_restores_the_rules(guest: VM) -> None:
