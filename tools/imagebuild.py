@@ -233,7 +233,7 @@ def wheelhouse(cache: Path) -> tuple[Path, list[Path]]:
         for own in tmp.glob("nodeagent-*"):
             own.unlink()
         tmp.rename(deps_dir)
-    return app, sorted(deps_dir.glob("*.whl"))
+    return app, sorted(w for w in deps_dir.glob("*.whl") if not w.name.startswith("nodeagent-"))
 
 
 def _install(wheels: list[Path], stage: Path) -> None:
