@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
 from kubernetes.client.exceptions import ApiException
 
-from tests.kit.helpers import build_cache, free_port
+from tests.kit.helpers import build_cache, free_port, terminate_group
 from tests.kit.pki import new_key, pem_key, write_serving_pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,40 +46,37 @@ def go_binary() -> str:
     return go
 
 
-def build_testenv() -> Path:
-    """The testenv binary, built when missing or when its source changed. Fails loudly."""
-    binary = CACHE / f"testenv-{source_hash()}"
+def go_build(binary: Path, args: list[str], cwd: Path, what: str,
+             env: dict[str, str] | None = None) -> Path:
+    """`binary` (its name carries the hash of what it is built from) as it is, else built
+    by `go build -o <binary> <args>` in `cwd`. Every Go build of the tests goes through
+    here; a failed one fails loudly with the compiler's words."""
     if binary.exists():
         return binary
-    CACHE.mkdir(parents=True, exist_ok=True)
+    binary.parent.mkdir(parents=True, exist_ok=True)
     tmp = binary.with_suffix(".tmp")
-    res = subprocess.run([go_binary(), "build", "-o", str(tmp), "."], cwd=TESTENV_SRC,
+    res = subprocess.run([go_binary(), "build", "-o", str(tmp), *args], cwd=cwd, env=env,
                          capture_output=True, text=True)
     if res.returncode != 0:
-        raise RuntimeError(f"building tools/testenv failed:\n{res.stderr[-4000:]}")
+        raise RuntimeError(f"building {what} failed:\n{res.stderr[-4000:]}")
     tmp.rename(binary)
     return binary
+
+
+def build_testenv() -> Path:
+    """The testenv binary, built when missing or when its source changed."""
+    return go_build(CACHE / f"testenv-{source_hash()}", ["."], TESTENV_SRC, "tools/testenv")
 
 
 def build_kube_binary(name: str) -> Path:
     """k8s.io/kubernetes/cmd/<name> of tools/testenv's module (the kubelet, the scheduler,
     the controller manager), stamped with its version (else it reports v0.0.0-master),
     cached by source hash."""
-    binary = CACHE / f"{name}-{source_hash()}"
-    if binary.exists():
-        return binary
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
     major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
     stamp = " ".join(f"-X k8s.io/component-base/version.{k}={v}" for k, v in
                      (("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor)))
-    res = subprocess.run([go_binary(), "build", "-o", str(tmp), f"-ldflags={stamp}",
-                          f"k8s.io/kubernetes/cmd/{name}"],
-                         cwd=TESTENV_SRC, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"building {name} failed:\n{res.stderr[-4000:]}")
-    tmp.rename(binary)
-    return binary
+    return go_build(CACHE / f"{name}-{source_hash()}",
+                    [f"-ldflags={stamp}", f"k8s.io/kubernetes/cmd/{name}"], TESTENV_SRC, name)
 
 
 def make_pki(d: Path) -> None:
@@ -163,13 +159,7 @@ class ApiServer:
                            f"{self.log_path.read_text()[-4000:]}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        terminate_group(self.proc)
         self.proc = None
 
     def configuration(self, name: str) -> k8s.Configuration:

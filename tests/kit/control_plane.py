@@ -13,7 +13,7 @@ from pathlib import Path
 from kubernetes import client as k8s
 
 from tests.kit.apiserver import ApiServer, build_kube_binary
-from tests.kit.helpers import wait_for
+from tests.kit.helpers import terminate_group, wait_for
 
 # A DaemonSet's pods (the scheduler binds them), the namespaces' `default` service account,
 # and their kube-root-ca.crt ConfigMap (what a projected service-account volume mounts).
@@ -48,13 +48,7 @@ class Component:
         return True
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate_group(self.proc)
         self.proc = None
 
 

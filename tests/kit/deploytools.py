@@ -5,10 +5,9 @@ neither tool is packaged in Debian) and cached by source hash."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
-from tests.kit.apiserver import go_binary
+from tests.kit.apiserver import go_build
 from tests.kit.helpers import build_cache
 
 SRC = Path(__file__).resolve().parents[2] / "tools" / "deploytools"
@@ -20,14 +19,5 @@ def build_tool(name: str) -> Path:
     """`helm` or `kustomize`, built when missing or when its module changed."""
     src = SRC / name
     digest = hashlib.sha256((src / "go.mod").read_bytes() + (src / "go.sum").read_bytes())
-    binary = build_cache("deploytools") / f"{name}-{digest.hexdigest()[:16]}"
-    if binary.exists():
-        return binary
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
-    res = subprocess.run([go_binary(), "build", "-o", str(tmp), PACKAGES[name]], cwd=src,
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"building {name} failed:\n{res.stderr[-4000:]}")
-    tmp.rename(binary)
-    return binary
+    return go_build(build_cache("deploytools") / f"{name}-{digest.hexdigest()[:16]}",
+                    [PACKAGES[name]], src, name)

@@ -173,6 +173,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "c
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def terminate_group(proc: subprocess.Popen[Any] | None, timeout: float = 20) -> None:
+    """Stop a process started with start_new_session=True and everything it started:
+    SIGTERM to its group, SIGKILL after `timeout`."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def stop_daemon(proc: subprocess.Popen[str], sig: int = signal.SIGTERM) -> tuple[int, str]:
     proc.send_signal(sig)
     proc.wait(timeout=20)

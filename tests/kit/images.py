@@ -13,11 +13,10 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 
-from tests.kit.apiserver import CACHE, TESTENV_SRC, go_binary, source_hash
+from tests.kit.apiserver import CACHE, TESTENV_SRC, go_build, source_hash
 
 # containerd's import reads the image name from this annotation of the layout's index.
 NAME_ANNOTATION = "io.containerd.image.name"
@@ -25,20 +24,10 @@ NAME_ANNOTATION = "io.containerd.image.name"
 
 def build_program(package: str, goarch: str = "amd64") -> Path:
     """tools/testenv/<package> built static for linux/<goarch>, cached by source hash."""
-    binary = CACHE / f"{package}-{goarch}-{source_hash()}"
-    if binary.exists():
-        return binary
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
     env = {**os.environ, "CGO_ENABLED": "0", "GOOS": "linux", "GOARCH": goarch}
-    res = subprocess.run([go_binary(), "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp),
-                          f"./{package}"], cwd=TESTENV_SRC, env=env, capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"building tools/testenv/{package} for {goarch} failed:\n"
-                           f"{res.stderr[-4000:]}")
-    tmp.rename(binary)
-    return binary
+    return go_build(CACHE / f"{package}-{goarch}-{source_hash()}",
+                    ["-trimpath", "-ldflags=-s -w", f"./{package}"], TESTENV_SRC,
+                    f"tools/testenv/{package} for {goarch}", env)
 
 
 def _blob(blobs: dict[str, bytes], data: bytes) -> dict[str, object]:

@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.kit.apiserver import ApiServer, build_kube_binary
-from tests.kit.helpers import free_port, wait_for
+from tests.kit.helpers import free_port, terminate_group, wait_for
 from tests.kit.images import build_program, ctr, oci_image
 
 PAUSE_IMAGE = "nodeagent.test/pause:1"
@@ -255,7 +255,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop_kubelet(self) -> None:
-        _terminate(self.kubelet)
+        terminate_group(self.kubelet)
         self.kubelet = None
 
     def _dead(self, proc: subprocess.Popen[bytes] | None, what: str) -> bool:
@@ -310,7 +310,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                     self.ctr("tasks", "delete", "-f", task, check=False)
                 for c in self.ctr("containers", "ls", "-q", check=False).stdout.split():
                     self.ctr("containers", "delete", c, check=False)
-        _terminate(self.containerd)
+        terminate_group(self.containerd)
         self.containerd = None
         _kill_leftovers(self.workdir)
         for point in _mounts_under(self.workdir):
@@ -329,17 +329,6 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
         for d in reversed(self._made_dirs):
             shutil.rmtree(d, ignore_errors=True)
         self._made_dirs.clear()
-
-
-def _terminate(proc: subprocess.Popen[bytes] | None, timeout: float = 20) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _kill_leftovers(workdir: Path) -> None:
