@@ -4,9 +4,16 @@ A wedged sysfs attribute (a firmware command that never completes, a hung FUSE-b
 blocks the reading thread in the kernel, and nothing in Python can interrupt it. So the
 agent never makes such a read on its main loop: each fact (one device's GID table, one rail's
 counters or sysctls, Lustre's health_check) is read on a worker thread and waited for up to a
-deadline. A read still running then is reported as stuck, with the path it was on, and left
-alone: while it is stuck no second read of the same fact starts, so one wedged attribute
-costs at most one thread, never a pile of them, and never the loop.
+deadline. A read still running then is slow or stuck, and left alone: while it runs no second
+read of the same fact starts, so one wedged attribute costs at most one thread, never a pile
+of them, and never the loop.
+
+Slow is not stuck. On a loaded host (a GPU node's CPUs are busy by design) a working read can
+wait hundreds of milliseconds for a CPU and the GIL: 0.7 s was seen in the TCG lab with two
+CPU-bound processes beside it. Such a read keeps its fact at the value its last completed
+read returned (never a guess) until it has run for STUCK_AFTER, and only then is the fact
+reported stuck (Unknown, with the path it is on). A fact read for the first time has no last
+value: its pass waits for it up to STUCK_AFTER (the daemon repairs meanwhile: while_waiting).
 
 Workers are daemon threads: a command like `check` exits even if a read never returns.
 """
@@ -23,6 +30,11 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 
 DEADLINE = 0.5  # seconds a pass waits for its reads, all of them together
+# Seconds a read may run before its fact is Unknown: ten times the pass's deadline, far past
+# any wait for a CPU (a runnable thread gets one within tens of ms on a busy host, hundreds
+# under emulation), yet well inside the 30 s cadence of node-problem-detector's plugins, so
+# a wedged driver is named before any other tool would notice it.
+STUCK_AFTER = 5.0
 MAX_WORKERS = 64
 WAIT_SLICE = 0.002  # seconds between calls of while_waiting
 
@@ -62,13 +74,15 @@ class _Call(Generic[T]):
 
 
 class BoundedReads:
-    def __init__(self, deadline: float = DEADLINE) -> None:
+    def __init__(self, deadline: float = DEADLINE, stuck_after: float = STUCK_AFTER) -> None:
         self.deadline = deadline
+        self.stuck_after = max(stuck_after, deadline)
         self._jobs: queue.SimpleQueue[_Call[Any]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._workers = 0
         self._idle = 0
         self._pending: dict[str, _Call[Any]] = {}  # key -> a call not yet returned
+        self._last: dict[str, Any] = {}  # key -> what its last completed read returned
         # Called every WAIT_SLICE while a caller waits (the daemon repairs deletions that
         # arrive meanwhile: the thread is idle until the reads return anyway).
         self.while_waiting: Callable[[], None] | None = None
@@ -96,31 +110,39 @@ class BoundedReads:
 
     def run(self, calls: Mapping[str, Callable[[Where], T]]) -> dict[str, T | Stuck]:
         """Run every call (keyed by the fact it reads) and wait for them together, at most
-        the deadline. A call whose previous run is still stuck is not started again.
-        An exception in a call is raised here, in the caller's thread."""
-        started: dict[str, _Call[T]] = {}
-        out: dict[str, T | Stuck] = {}
-        now = time.monotonic()
+        the deadline; a call still running then answers with its fact's last value until
+        it is stuck (see the module's doc). A call whose previous run has not returned is
+        not started again. An exception in a call is raised here, in the caller's thread."""
+        running: dict[str, _Call[T]] = {}
         for key, fn in calls.items():
             with self._lock:
                 old = self._pending.get(key)
                 if old is not None and not old.done.is_set():
-                    out[key] = Stuck(key, now - old.started, old.where.path)
+                    running[key] = old  # still running from an earlier pass
                     continue
+                if old is not None and old.error is None:  # returned after its pass gave up
+                    self._last[key] = old.result
                 call: _Call[T] = _Call(fn)
                 self._pending[key] = call
-            started[key] = call
+            running[key] = call
             self._submit(call)
-        end = now + self.deadline
-        for key, call in started.items():
-            if not self._wait(call, end):
+        end = time.monotonic() + self.deadline
+        out: dict[str, T | Stuck] = {}
+        for key, call in running.items():
+            done = self._wait(call, end)
+            if not done and key not in self._last:  # nothing known yet: wait until stuck
+                done = self._wait(call, call.started + self.stuck_after)
+            if done:
+                with self._lock:
+                    self._pending.pop(key, None)
+                if call.error is not None:
+                    self._last.pop(key, None)
+                    raise call.error
+                out[key] = self._last[key] = call.result  # type: ignore[assignment]
+            elif time.monotonic() - call.started < self.stuck_after:
+                out[key] = self._last[key]  # slow, not stuck: the fact as last read
+            else:
                 out[key] = Stuck(key, time.monotonic() - call.started, call.where.path)
-                continue
-            with self._lock:
-                self._pending.pop(key, None)
-            if call.error is not None:
-                raise call.error
-            out[key] = call.result  # type: ignore[assignment]
         return {key: out[key] for key in calls}
 
     def _wait(self, call: _Call[Any], end: float) -> bool:
@@ -135,10 +157,3 @@ class BoundedReads:
 
     def one(self, key: str, fn: Callable[[Where], T]) -> T | Stuck:
         return self.run({key: fn})[key]
-
-    def stuck(self) -> list[Stuck]:
-        """The reads still stuck now (for the status file and metrics)."""
-        now = time.monotonic()
-        with self._lock:
-            return [Stuck(k, now - c.started, c.where.path)
-                    for k, c in self._pending.items() if not c.done.is_set()]

@@ -158,6 +158,21 @@ def fuse_mount(argv: list[str], mountpoint: Path, log_path: Path,
             proc.kill()
 
 
+@contextlib.contextmanager
+def cpu_load(processes: int | None = None, seconds: float = 600) -> Iterator[None]:
+    """CPU-bound processes beside the test (default: one per core), as on a GPU node whose
+    CPUs are busy by design; each ends by itself after `seconds` and is killed on exit."""
+    spin = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+    burners = [subprocess.Popen([sys.executable, "-c", spin])
+               for _ in range(processes or os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait()
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     """Poll until predicate() is truthy; fail with `what` after a generous deadline.
 

@@ -56,6 +56,13 @@ def hold_qp(vm: VM, device: str, gid_index: int) -> None:
          "the QP holder in RTS")
 
 
+def busy_guest(vm: VM, seconds: int = 120, processes: int = 2) -> None:
+    """CPU-bound shell loops on every vCPU of the guest, as on a GPU node whose CPUs are busy
+    by design; they end by themselves after `seconds` (and at the guest fixture's reset)."""
+    vm.ssh(" ".join(f"nohup timeout {seconds} sh -c ': busy-guest; while :; do :; done' "
+                    ">/dev/null 2>&1 &" for _ in range(processes)))
+
+
 def nm_static(vm: VM, ifname: str, address: str, extra: str = "") -> None:
     """NetworkManager manages `ifname` with a static IPv4 profile."""
     name = f"rail-{ifname}"

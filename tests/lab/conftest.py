@@ -71,6 +71,7 @@ def reset(vm: VM) -> None:
     vm.ssh("systemctl stop nodeagent 2>/dev/null; systemctl reset-failed nodeagent "
            "2>/dev/null; pkill -f '/root/guest/[q]p_holder'; "
            "pkill -f '/root/guest/[g]id_watch'; pkill -f '/root/guest/[u]dp_blast'; "
+           "pkill -f '[b]usy-guest'; "
            "pkill ibv_rc_pingpong; ip neigh flush dev ens4; "
            "rm -f /etc/NetworkManager/system-connections/rail* "
            "/etc/NetworkManager/conf.d/20-rails.conf /etc/systemd/network/20-rail* "

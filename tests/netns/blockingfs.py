@@ -4,7 +4,8 @@ Run as its own process: python blockingfs.py BACKING MOUNTPOINT HOLD_FILE PATH [
 Every file of BACKING is served read-only; a read of one of the PATHs (relative to the
 root, e.g. class/infiniband/mlx5_1/ports/1/gids/3) does not return while HOLD_FILE exists,
 as a sysfs attribute whose driver command never completes. Removing HOLD_FILE releases
-the blocked reads.
+the blocked reads. A HOLD_FILE that holds a number of seconds makes each such read that
+slow instead (a working driver on a busy host), not blocked.
 """
 
 from __future__ import annotations
@@ -51,9 +52,22 @@ class BlockingFS(fuse.Operations):  # type: ignore[misc]
         fi.direct_io = 1  # no page cache: every read reaches read() below, as sysfs reads do
         return 0
 
+    def _slow_for(self) -> float | None:
+        """Seconds a read is to take (None: blocked until released, 0: not held)."""
+        try:
+            with open(self.hold) as f:
+                text = f.read().strip()
+        except OSError:
+            return 0.0
+        return float(text) if text else None
+
     def read(self, path: str, size: int, offset: int, fh: Any) -> bytes:
-        while path in self.blocking and os.path.exists(self.hold):
-            time.sleep(0.05)  # a driver that does not answer
+        if path in self.blocking:
+            delay = self._slow_for()
+            if delay:
+                time.sleep(delay)  # a slow driver: the answer comes, late
+            while delay is None and self._slow_for() is None:
+                time.sleep(0.05)  # a driver that does not answer
         try:
             with open(self._real(path), "rb") as f:
                 f.seek(offset)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 from tests.kit.helpers import (
     Netns,
     condition,
+    cpu_load,
     daemon_log,
     fuse_mount,
     read_status,
@@ -78,6 +80,52 @@ def test_a_blocking_gid_read_costs_its_own_fact_not_the_repairs(
     assert any(BLOCKED in e for e in data["errors"]), data["errors"]
 
     # Released: the stuck read returns, the next pass reads the table, all True again.
+    blocking_sysfs.unlink()
+    wait_for(lambda: (read_status(run) or {}).get("ok") is True, timeout=20,
+             what="fabric ready once the driver answers")
+    code, out = stop_daemon(proc)
+    assert code == 0, out
+
+
+def test_a_slow_gid_read_under_load_keeps_the_verdict_until_it_is_stuck(
+    rails_ns: Netns, agent_config: dict[str, Any], blocking_sysfs: Path, tmp_path: Path
+) -> None:
+    """A read slower than the pass's deadline (0.5 s) but far from stuck (5 s), on a host
+    whose every core is busy: the GID verdict stays True (the fact as last read), no read is
+    called stuck. Wedged for good, the same read makes the fact Unknown; released, True.
+    (Before: any read past 0.5 s made RoCEGIDStable Unknown, a false taint; lab 2a under
+    load.)"""
+    blocking_sysfs.unlink()  # healthy to start with
+    agent_config["resync_interval"] = "1s"  # a full re-read of the table every second
+    run = Path(agent_config["runtime_dir"])
+    proc = rails_ns.start_daemon(write_config(tmp_path / "c.yaml", agent_config))
+    wait_for(lambda: (read_status(run) or {}).get("ok") is True, timeout=20,
+             what="first healthy pass")
+
+    blocking_sysfs.write_text("1.5")  # every read of mlx5_1's slot 3 now takes 1.5 s
+    seen: list[dict[str, Any]] = []
+    with cpu_load():
+        passes = read_status(run)["daemon"]["passes"]  # type: ignore[index]
+        while len(seen) < 40 or seen[-1]["daemon"]["passes"] < passes + 5:
+            data = read_status(run)
+            if data:
+                seen.append(data)
+            assert len(seen) < 2000, "the daemon stopped passing"
+            time.sleep(0.1)
+    assert proc.poll() is None, daemon_log(proc)
+    verdicts = {(condition(d, "RoCEGIDStable")["status"], condition(d, "RoCEGIDStable")
+                 ["reason"]) for d in seen}
+    assert verdicts == {("True", "GIDsPinned")}, verdicts
+    assert not any(BLOCKED in e for d in seen for e in d["errors"]), seen[-1]["errors"]
+
+    blocking_sysfs.write_text("")  # wedged: the fact goes Unknown once the read is stuck
+    def unknown() -> dict[str, Any] | None:
+        data = read_status(run)
+        got = condition(data, "RoCEGIDStable") if data else None
+        return got if got and got["status"] == "Unknown" else None
+
+    got = wait_for(unknown, timeout=30, what="RoCEGIDStable Unknown once the read is stuck")
+    assert BLOCKED in got["message"] and "rail1 r1" in got["message"], got
     blocking_sysfs.unlink()
     wait_for(lambda: (read_status(run) or {}).get("ok") is True, timeout=20,
              what="fabric ready once the driver answers")
