@@ -32,11 +32,11 @@ def main() -> None:
     print(f"boot to ssh ({vm.accel}): {time.perf_counter() - t:.1f} s")
     try:
         t = time.perf_counter()
-        vm.put(wheelhouse(), "/root/wheels")
+        vm.put(wheelhouse(vm.workdir / "wheels"), "/root/wheels")
         vm.put(ROOT / "tests" / "lab" / "guest", "/root/guest")
         vm.put(ROOT / "units" / "nodeagent.service", "/etc/systemd/system/nodeagent.service")
-        vm.ssh("python3 -m venv --system-site-packages /opt/nodeagent/venv && "
-               "/opt/nodeagent/venv/bin/pip install -q --no-compile --no-index "
+        vm.ssh("python3 -m venv --system-site-packages --without-pip /opt/nodeagent/venv && "
+               "/opt/nodeagent/venv/bin/python -m pip install -q --no-compile --no-index "
                "--find-links /root/wheels nodeagent && systemctl daemon-reload", timeout=900)
         vm.ssh("rdma link add rxe0 type rxe netdev ens4 && rdma link add rxe1 type rxe "
                "netdev ens5")

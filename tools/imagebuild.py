@@ -21,6 +21,8 @@ cache; the app layer is rebuilt each time (seconds).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import io
@@ -32,6 +34,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -213,9 +216,24 @@ def debian_layer(cache: Path) -> Layer:
     return _remember(cache, f"debian-{key}", layer)
 
 
+@contextlib.contextmanager
+def _locked(cache: Path) -> Iterator[None]:
+    """One build in `cache` at a time: a second build (or wheelhouse) in another process
+    waits, so no layer is made twice and no prune removes another build's blob."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def wheelhouse(cache: Path) -> tuple[Path, list[Path]]:
     """The agent's wheel built from this checkout (python -m build; fresh each time) and its
     dependencies' wheels for this machine's Python (cached by pyproject.toml's hash)."""
+    with _locked(cache):
+        return _wheelhouse(cache)
+
+
+def _wheelhouse(cache: Path) -> tuple[Path, list[Path]]:
     pyproject = (ROOT / "pyproject.toml").read_bytes()
     deps_dir = cache / ("wheels-" + hashlib.sha256(pyproject).hexdigest()[:16])
     app_dir = cache / f"app-{os.getpid()}"
@@ -293,10 +311,14 @@ def _write_blob(layout: Path, data: bytes) -> dict[str, Any]:
 def build(out: Path, cache: Path, name: str = "nodeagent") -> Image:
     """Build the image into the OCI layout directory `out` (replaced), tagged with the
     agent's version; `name` is the repository it is imported as."""
-    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache):
+        return _build(out, cache, name)
+
+
+def _build(out: Path, cache: Path, name: str) -> Image:
     arch, variant = platform()
     debian = debian_layer(cache)
-    app_wheel, dep_wheels = wheelhouse(cache)
+    app_wheel, dep_wheels = _wheelhouse(cache)
     try:
         deps = deps_layer(cache, dep_wheels)
         epoch = _commit_time()

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
 from kubernetes.client.exceptions import ApiException
 
-from tests.kit.helpers import build_cache, free_port, terminate_group
+from tests.kit.helpers import build_cache, cached_build, free_port, terminate_group
 from tests.kit.pki import new_key, pem_key, write_serving_pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,23 +49,29 @@ def go_binary() -> str:
 def go_build(binary: Path, args: list[str], cwd: Path, what: str,
              env: dict[str, str] | None = None) -> Path:
     """`binary` (its name carries the hash of what it is built from) as it is, else built
-    by `go build -o <binary> <args>` in `cwd`. Every Go build of the tests goes through
-    here; a failed one fails loudly with the compiler's words."""
-    if binary.exists():
-        return binary
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
-    res = subprocess.run([go_binary(), "build", "-o", str(tmp), *args], cwd=cwd, env=env,
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"building {what} failed:\n{res.stderr[-4000:]}")
-    tmp.rename(binary)
-    return binary
+    by `go build -o <binary> <args>` in `cwd`, under the build lock. Every Go build of the
+    tests goes through here; a failed one fails loudly with the compiler's words. No DWARF
+    or symbol table (-s -w): nothing here debugs them, and linking a Kubernetes binary
+    without them is faster and smaller. The flags are part of the name: other flags, another
+    build."""
+    binary = binary.with_name(binary.name + "-" + hashlib.sha256(
+        "\0".join(args).encode()).hexdigest()[:8])
+
+    def build() -> None:
+        tmp = binary.with_suffix(".tmp")
+        res = subprocess.run([go_binary(), "build", "-trimpath", "-o", str(tmp), *args],
+                             cwd=cwd, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"building {what} failed:\n{res.stderr[-4000:]}")
+        tmp.rename(binary)
+
+    return cached_build(binary, what, build)
 
 
 def build_testenv() -> Path:
     """The testenv binary, built when missing or when its source changed."""
-    return go_build(CACHE / f"testenv-{source_hash()}", ["."], TESTENV_SRC, "tools/testenv")
+    return go_build(CACHE / f"testenv-{source_hash()}", ["-ldflags=-s -w", "."], TESTENV_SRC,
+                    "tools/testenv (kube-apiserver and etcd)")
 
 
 def build_kube_binary(name: str) -> Path:
@@ -73,8 +79,8 @@ def build_kube_binary(name: str) -> Path:
     the controller manager), stamped with its version (else it reports v0.0.0-master),
     cached by source hash."""
     major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
-    stamp = " ".join(f"-X k8s.io/component-base/version.{k}={v}" for k, v in
-                     (("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor)))
+    stamp = " ".join(["-s", "-w"] + [f"-X k8s.io/component-base/version.{k}={v}" for k, v in (
+        ("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor))])
     return go_build(CACHE / f"{name}-{source_hash()}",
                     [f"-ldflags={stamp}", f"k8s.io/kubernetes/cmd/{name}"], TESTENV_SRC, name)
 

@@ -20,4 +20,4 @@ def build_tool(name: str) -> Path:
     src = SRC / name
     digest = hashlib.sha256((src / "go.mod").read_bytes() + (src / "go.sum").read_bytes())
     return go_build(build_cache("deploytools") / f"{name}-{digest.hexdigest()[:16]}",
-                    [PACKAGES[name]], src, name)
+                    ["-ldflags=-s -w", PACKAGES[name]], src, name)

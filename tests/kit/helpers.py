@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -29,6 +30,39 @@ def build_cache(name: str) -> Path:
     root = os.environ.get("NODEAGENT_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "nodeagent")
     return Path(root) / name
+
+
+@contextlib.contextmanager
+def build_lock(target: Path) -> Iterator[None]:
+    """One builder of `target` at a time across processes (tools/test's background prebuild,
+    the two pytest processes, a bench): whoever comes second waits, then finds it built."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def record_build(what: str, seconds: float | None) -> None:
+    """A line for tools/test's report of where the time went ($NODEAGENT_BUILD_LOG, set by
+    tools/test): what was built and how long it took, or None when it was cached."""
+    log = os.environ.get("NODEAGENT_BUILD_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"what": what, "seconds": seconds, "pid": os.getpid()}) + "\n")
+
+
+def cached_build(target: Path, what: str, build: Callable[[], object]) -> Path:
+    """`target` as it is when it exists (its name carries the hash of what it is built
+    from), else made by `build()` under the build lock, timed for the report."""
+    if target.exists():
+        return target
+    with build_lock(target):
+        if target.exists():  # built by another process while this one waited
+            return target
+        started = time.monotonic()
+        build()
+        record_build(what, time.monotonic() - started)
+    return target
 
 
 def require_root_netns() -> None:

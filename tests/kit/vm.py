@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.kit.helpers import build_cache
+from tests.kit.helpers import build_cache, cached_build
 from tools import imagebuild
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +35,7 @@ PACKAGES = [
     "linux-image-amd64", "systemd-sysv", "udev", "kmod", "iproute2", "rdma-core",
     "ibverbs-providers", "ibverbs-utils", "python3", "python3-venv", "python3-pyverbs",
     "python3-systemd", "python3-apt", "network-manager", "dbus", "libpam-systemd", "openssh-server",
+    "python3-pip",  # what the role's first play installs (nodeagent_os_packages), baked in
 ]
 MGMT_MAC = "52:54:00:00:00:01"
 RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02"}
@@ -98,8 +99,11 @@ def _run(*args: str, timeout: float = 1800, **kw: object) -> subprocess.Complete
 def build_image() -> Image:
     """The cached image for the current recipe, built if missing (about 2 min cold)."""
     image = Image(CACHE / recipe_hash())
-    if image.disk.exists():
-        return image
+    cached_build(image.disk, "lab image (debootstrap)", lambda: _build_image(image))
+    return image
+
+
+def _build_image(image: Image) -> None:
     for tool in ("debootstrap", "mke2fs", "qemu-img", "ssh-keygen"):
         if shutil.which(tool) is None:
             raise RuntimeError(f"{tool} missing: tools/bootstrap installs the lab's packages")
@@ -122,22 +126,23 @@ def build_image() -> Image:
         _run("mke2fs", "-q", "-t", "ext4", "-d", str(root), "-L", "labroot",
              str(tmp / "base.img"), "3G")
         shutil.rmtree(root)
+        shutil.rmtree(image.dir, ignore_errors=True)  # a build interrupted before its disk
         tmp.rename(image.dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return image
 
 
-def wheelhouse() -> Path:
+def wheelhouse(dest: Path) -> Path:
     """The agent as a wheel from this checkout beside its dependencies' wheels (the image's
-    builder makes both): a directory pip installs from with --no-index."""
+    builder makes both) in `dest`, a directory pip installs from with --no-index. Each
+    caller has its own: the lab and the package tests run at the same time."""
     app, deps = imagebuild.wheelhouse(CACHE)
-    house = deps[0].parent
-    for old in house.glob("nodeagent-*"):
-        old.unlink()
-    shutil.move(app, house / app.name)
+    dest.mkdir(parents=True, exist_ok=True)
+    for wheel in deps:
+        shutil.copyfile(wheel, dest / wheel.name)
+    shutil.move(app, dest / app.name)
     shutil.rmtree(app.parent, ignore_errors=True)
-    return house
+    return dest
 
 
 def _free_port() -> int:

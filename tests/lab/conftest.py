@@ -28,7 +28,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
     devices rxe0 on ens4 and rxe1 on ens5. The agent itself is installed by the role's test
     (or by `guest` when that test did not run)."""
     image = build_image()
-    wheels = wheelhouse()
+    wheels = wheelhouse(tmp_path_factory.mktemp("wheels"))
     vm = boot(image, tmp_path_factory.mktemp("lab"))
     try:
         vm.put(wheels, "/root/wheels")
@@ -47,8 +47,8 @@ def ensure_agent(vm: VM) -> None:
               "test -e /etc/systemd/system/nodeagent.service", check=False).returncode == 0:
         return
     vm.put(UNIT, "/etc/systemd/system/nodeagent.service")
-    vm.ssh("python3 -m venv --system-site-packages /opt/nodeagent/venv && "
-           "/opt/nodeagent/venv/bin/pip install -q --no-compile --no-index "
+    vm.ssh("python3 -m venv --system-site-packages --without-pip /opt/nodeagent/venv && "
+           "/opt/nodeagent/venv/bin/python -m pip install -q --no-compile --no-index "
            "--find-links /root/wheels nodeagent", timeout=600)
     vm.ssh("systemctl daemon-reload")
 

@@ -23,7 +23,7 @@ def test_the_wheel_alone_validates_runs_and_says_ready(
         tmp_path: Path, rails_ns: Netns, agent_config: dict[str, Any]) -> None:
     # The agent's wheel and its dependencies' (cached by pyproject hash: the lab installs
     # the same set), installed with no index: what is tested is exactly this set.
-    wheels = wheelhouse()
+    wheels = wheelhouse(tmp_path / "wheels")
     wheel = next(wheels.glob("nodeagent-*.whl"))
     assert wheel.name.startswith(f"nodeagent-{__version__}-")
     env_dir = tmp_path / "venv"
