@@ -174,6 +174,10 @@ class Agent:
             self.evaluator.custom_results = previous.custom_results
             self.evaluator.transport_results = previous.transport_results
             self.evaluator.transport_skipped = previous.transport_skipped
+            self.evaluator.rail_seen = previous.rail_seen
+            # One set of read workers for the daemon's life (a new one per reload leaked its
+            # threads), with the last value of every fact.
+            self.evaluator.reads = previous.reads
             self.evaluator.clock = self.clock
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
@@ -617,7 +621,7 @@ class Agent:
                         self.evaluator.plugin_seen_ready = item.seen_ready
                         judge_only = True
                     elif isinstance(item, GidSlotsMoved):  # no netlink event said so
-                        self.evaluator.mark_gid_stale()
+                        self.evaluator.mark_gid_stale(moved=True)
                         judge_only = True
                     elif isinstance(item, TransportSeen):
                         self.evaluator.observe_transport(item)

@@ -67,6 +67,12 @@ from nodeagent.state import load_pins, save_pins
 log = logging.getLogger(__name__)
 
 COUNTERS_EVERY = 1.0  # seconds: event-driven passes in a burst share one counter sample
+# A GID table that changed with no event is read again (SETTLE_GAP apart, at most
+# SETTLE_READS more times) until two reads agree: a driver rewriting its table in place is
+# never judged half-way (a transient verdict published for a state that never was).
+SETTLE_READS = 5
+SETTLE_GAP = 0.02
+WATCH_WHILE_GONE = 16  # at most this many low slots watched for a rail whose GIDs are gone
 
 
 @dataclass
@@ -189,6 +195,7 @@ class Evaluator:
         # rail, or when a watched slot changed (the rails' devices).
         self._gid_stale_everywhere = True
         self._gid_stale_rails = True
+        self._gid_unsettled = False
         self._counters_at: float | None = None  # when the byte counters were last sampled
         self.gid_verdict: GidVerdict | None = None  # the latest, for re-pinning
         self.qps: QueuePairs | None = None  # looked at only while a GID is shifted
@@ -211,6 +218,9 @@ class Evaluator:
         self.transport_skipped: dict[str, str] = {}  # rail -> why it was not probed
         self._hardware_next = 0.0
         self.reads = BoundedReads()  # driver reads off this thread, a deadline each pass
+        # rail -> the RDMA device and port its GIDs were last seen on: while they are gone (a
+        # table rewritten, an address away) the rail's slots stay watched and its device read.
+        self.rail_seen: dict[str, tuple[str, int]] = {}
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -222,11 +232,29 @@ class Evaluator:
                                                self.reads))
         self.timings["netlink"] = time.perf_counter() - started
 
-    def mark_gid_stale(self, everywhere: bool = False) -> None:
+    def mark_gid_stale(self, everywhere: bool = False, moved: bool = False) -> None:
         """The GID table may have changed: read it again in the next pass (the rails'
-        devices, or every device)."""
+        devices, or every device). `moved`: a slot changed with no event (a driver
+        rewriting its table): read until two reads agree, never judge a half-written one."""
         self._gid_stale_rails = True
         self._gid_stale_everywhere = self._gid_stale_everywhere or everywhere
+        self._gid_unsettled = self._gid_unsettled or moved
+
+    def _read_gid_table(self, devices: list[str] | None) -> GidTable:
+        cfg = self.cfg
+        if not cfg.rails:
+            return GidTable(source="none")
+        table = read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
+        if self._gid_unsettled:
+            self._gid_unsettled = False
+            for _ in range(SETTLE_READS):
+                time.sleep(SETTLE_GAP)
+                again = read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices,
+                                       reads=self.reads)
+                if again.entries == table.entries:
+                    break
+                table = again
+        return table
 
     def ifindex(self, rail: str) -> int | None:
         obs = self.observations.get(rail)
@@ -346,10 +374,12 @@ class Evaluator:
             if devices is None:
                 self._gid_stale_everywhere = False
             started = time.perf_counter()
-            self.gid_table = (
-                read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
-                if cfg.rails else GidTable(source="none"))
+            self.gid_table = self._read_gid_table(devices)
             self.timings["gid"] = time.perf_counter() - started
+            for rail in cfg.rails:
+                entries = rail_entries(rail, self.gid_table)
+                if entries:
+                    self.rail_seen[rail.name] = (entries[0].device, entries[0].port)
         errors.extend(self.gid_table.errors)
         self.qps = None
         if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins).shifts:
@@ -461,11 +491,10 @@ class Evaluator:
 
     def _rail_port(self, rail: Rail) -> tuple[str | None, int]:
         """The RDMA device and port a rail uses: configured, else where its GIDs were last
-        seen (None while they have not been seen)."""
+        seen, even if they are gone now (None while they have never been seen)."""
         if rail.rdma_device:
             return rail.rdma_device, rail.rdma_port
-        entries = rail_entries(rail, self.gid_table)
-        return (entries[0].device, entries[0].port) if entries else (None, 1)
+        return self.rail_seen.get(rail.name, (None, 1))
 
     def watched_slots(self) -> set[tuple[str, int, int]]:
         """The GID slots worth watching between passes: each rail's pinned index and the
@@ -479,13 +508,23 @@ class Evaluator:
             device, port = self._rail_port(rail)
             if pin is not None and (pin.device or device):
                 slots.add((pin.device or device or "", pin.port or port, pin.index))
+            if not found and device is not None:
+                # Gone: a rewritten table fills its default GID (slot 0) first, and a GID
+                # that comes back lands low (the first free slot): watched until it is back.
+                top = min((pin.index if pin is not None else 2) + 2, WATCH_WHILE_GONE)
+                slots.update((device, port, i) for i in range(top))
         return slots
 
     def _rail_devices(self) -> list[str] | None:
-        """The RDMA devices the rails use; None while a rail's device is not known: then
-        every device is read."""
-        devices = {self._rail_port(rail)[0] for rail in self.cfg.rails}
-        return None if None in devices else sorted(d for d in devices if d)
+        """The RDMA devices the rails use; None while a rail's GIDs are not in the table
+        (not seen yet, or gone from where they were): then every device is read."""
+        devices = set()
+        for rail in self.cfg.rails:
+            entries = rail_entries(rail, self.gid_table)
+            if not rail.rdma_device and not entries:
+                return None
+            devices.add(rail.rdma_device or entries[0].device)
+        return sorted(devices)
 
     def _report(
         self,

@@ -459,3 +459,55 @@ def test_a_shifted_gid_is_repinned_once_its_last_qp_is_gone(
 
     wait_for(lambda: repins() >= 2, what="the re-pin counted (delete + add)")
     assert stop_daemon(proc)[0] == 0
+
+
+def test_a_rails_gids_that_vanish_in_place_stay_watched_until_they_return(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """A driver rewrites rail1's GID table in place, no netlink event (resync 1 h): every
+    slot zeroed, then refilled at a new index, then restored. rail1 pins index 3 by
+    config but names no RDMA device: its device is the one its GIDs were last seen on, so
+    its slots stay watched while they are empty, the final state (GIDIndexShifted) is
+    published from the slot watch, and the restore is seen from it too. (Before: the rail
+    left the watch with its GIDs, said RDMADeviceNotFound, and only the resync saw more.)"""
+    from tests.kit.helpers import make_gid_tree, roce_entries
+
+    daemon_config["rails"][1]["gid_index"] = 3
+    daemon_config["gid_repin"] = "never"
+    sysfs = Path(daemon_config["paths"]["sysfs"])
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+
+    make_gid_tree(sysfs, "mlx5_1", [])  # every slot zeroed, the default GIDs too
+    wait_for(lambda: (cond(daemon_config, "RoCEGIDStable") or ("",))[0] == "False",
+             what="the vanished GID reported")
+    time.sleep(2.0)  # the passes that saw it are over; the slot watch is set for what follows
+    make_gid_tree(sysfs, "mlx5_1", roce_entries("r1", "10.11.0.5", ipv4_index=6))  # at 7
+    got = wait_for(lambda: (c := cond(daemon_config, "RoCEGIDStable")) and
+                   c[1] == "GIDIndexShifted" and c, timeout=15,
+                   what="the GID's new index seen without a resync")
+    assert "index 7, pinned 3" in got[2] and "mlx5_1" in got[2], got
+    make_gid_tree(sysfs, "mlx5_1", roce_entries("r1", "10.11.0.5"))  # back at 3
+    wait_for(lambda: (cond(daemon_config, "RoCEGIDStable") or ())[:2] == ("True", "GIDsPinned"),
+             timeout=15, what="the restore seen without a resync")
+    stop_cleanly(proc)
+
+
+def test_reloads_leave_no_thread_behind(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """40 good SIGHUP reloads: the daemon's thread count stays where it was (before, each
+    reload's new evaluator started read workers of its own and the old ones never ended:
+    28 -> 68 threads)."""
+    path = tmp_path / "c.yaml"
+    proc = start(rails_ns, daemon_config, path)
+    tasks = Path(f"/proc/{proc.pid}/task")
+
+    before = len(list(tasks.iterdir()))
+    for i in range(40):
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda i=i: daemon_log(proc).count("config reloaded") == i + 1,
+                 what=f"reload {i + 1} applied")
+    # Each reload's loader and its slow-read timer end within RELOAD_SLOW (5 s).
+    wait_for(lambda: len(list(tasks.iterdir())) <= before + 2, timeout=20,
+             what=f"the thread count back near {before} after 40 reloads")
+    stop_cleanly(proc)
