@@ -77,13 +77,17 @@ class WatchedCollection(threading.Thread):
                                               [*query, *resume], timeout=self.renew + 30)
                 if self.error:
                     self._set(error=None)  # connected again
-                backoff.reset()
                 for event in events:
                     if self._halt.is_set():
                         return
                     rv = self._apply(event, rv)
                     if rv is None:
                         break  # 410 Gone: too old to resume, list again
+                    # Reset only once a watch delivers: a server that connects and ends
+                    # every watch with an ERROR 410 would else be listed in a tight loop.
+                    backoff.reset()
+                if rv is None:
+                    self._halt.wait(backoff.next())
             except Exception as exc:  # ApiException, refused, timeouts, a broken stream
                 if isinstance(exc, ApiException) and exc.status == 410:
                     rv = None
