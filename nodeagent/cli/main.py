@@ -182,7 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"nodeagent: cannot lock {lock.path}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        agent = Agent(cfg, reload=lambda: load_config(path))
+        agent = Agent(cfg, reload=lambda: load_config(path), lock=lock)
         agent.install_signals()
         return agent.run()
     finally:

@@ -11,6 +11,7 @@ import errno
 import fcntl
 import math
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,29 +38,73 @@ def _lock_pid(fd: int) -> int | None:
     return None
 
 
+class LockRefused(OSError):
+    """The lock file is not one the agent may write: a hard link (writing the pid would
+    change a file elsewhere) or not a regular file."""
+
+
 class DaemonLock:
     """One daemon per runtime dir: an exclusive flock on runtime_dir/daemon.lock, held for
     the daemon's life (the kernel drops it when the process dies, however it dies), with
-    the holder's pid in the file for `status` and the refusal message."""
+    the holder's pid in the file for `status` and the refusal message. A lock is only a lock
+    while the locked file is the one at the path: a file deleted or replaced would let a
+    second daemon lock another, so that is checked after the flock and on every pass."""
 
     def __init__(self, runtime_dir: Path) -> None:
         self.path = Path(runtime_dir) / LOCK_FILE
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            pid = _lock_pid(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise AlreadyRunning(self.path, pid) from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = self._acquire()
+
+    def reassert(self) -> None:
+        """Each pass: still the file at the path? If it was deleted or replaced, lock the
+        one there now (made anew if gone) and let the old one go. AlreadyRunning when
+        another daemon holds that one (this one must stop); LockRefused when it is not a file
+        the agent may write (the old lock is kept; the caller reports it)."""
+        if self.fd is None or self._is_at_path(self.fd):
+            return
+        fd = self._acquire()
+        os.close(self.fd)
         self.fd = fd
+
+    def _acquire(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):
+            fd = self._lock_path()
+            if self._is_at_path(fd):
+                os.ftruncate(fd, 0)  # ours: a regular file with one link, locked
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                return fd
+            os.close(fd)  # replaced or removed between open and flock: lock the one there
+        raise LockRefused(errno.EAGAIN, "it keeps being replaced")
+
+    def _lock_path(self) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o644)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LockRefused(errno.EINVAL, "it is not a regular file")
+            if st.st_nlink > 1:  # O_NOFOLLOW stops symlinks, not hard links
+                raise LockRefused(errno.EMLINK, f"it has {st.st_nlink} links: refusing "
+                                                "to write through it")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AlreadyRunning(self.path, _lock_pid(fd)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _is_at_path(self, fd: int) -> bool:
+        try:
+            at_path = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        held = os.fstat(fd)
+        return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
     def release(self) -> None:
         if self.fd is not None:

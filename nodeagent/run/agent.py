@@ -37,7 +37,7 @@ from nodeagent.model import (
 )
 from nodeagent.probes.netlink import deletion_from_msg, link_from_msg
 from nodeagent.publish.publisher import Publisher
-from nodeagent.publish.status import write_status
+from nodeagent.publish.status import AlreadyRunning, DaemonLock, write_status
 from nodeagent.run.custom import CustomChecksMonitor
 from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.gidwatch import GidSlotWatcher
@@ -112,8 +112,11 @@ class Agent:
         cfg: Config,
         reload: Callable[[], Config],
         clock: Callable[[], float] = time.monotonic,
+        lock: DaemonLock | None = None,
     ) -> None:
         self.cfg = cfg
+        self.lock = lock  # re-checked every pass: a deleted lock file must not admit a twin
+        self._lock_problem: str | None = None
         self._reload = reload
         self.clock = clock
         self.work: queue.SimpleQueue[Work] = queue.SimpleQueue()
@@ -457,11 +460,29 @@ class Agent:
         if state == "running":
             self.notifier.status(summary(report))
         assert status.daemon is not None
+        self._check_lock()
         try:
             write_status(self.cfg.runtime_dir, status.document(), status.daemon.as_dict())
         except OSError as exc:
             log.error("cannot write status file in %s: %s", self.cfg.runtime_dir, exc)
         return status
+
+    def _check_lock(self) -> None:
+        if self.lock is None:
+            return
+        try:
+            self.lock.reassert()
+        except AlreadyRunning as exc:  # the lock file was replaced and another daemon took it
+            log.error("stopping: %s", exc)
+            self.stop()
+            return
+        except OSError as exc:  # not a file to write through: the old lock is still held
+            problem = f"cannot lock {self.lock.path} again: {exc.strerror or exc}"
+            if problem != self._lock_problem:
+                log.error("%s (the lock already held is kept)", problem)
+            self._lock_problem = problem
+            return
+        self._lock_problem = None
 
     # ------------------------------------------------------------ the loop
 

@@ -511,3 +511,42 @@ def test_reloads_leave_no_thread_behind(
     wait_for(lambda: len(list(tasks.iterdir())) <= before + 2, timeout=20,
              what=f"the thread count back near {before} after 40 reloads")
     stop_cleanly(proc)
+
+
+def test_a_hard_link_planted_as_the_lock_is_refused_and_left_untouched(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """daemon.lock a hard link to a file elsewhere: O_NOFOLLOW does not stop it, so before
+    the agent wrote its pid into that file. Now: exit 2, one line, the file unchanged."""
+    run = Path(daemon_config["runtime_dir"])
+    run.mkdir(parents=True)
+    elsewhere = tmp_path / "precious"
+    elsewhere.write_text("not yours\n")
+    os.link(elsewhere, run / "daemon.lock")
+    proc = rails_ns.start_daemon(write_config(tmp_path / "c.yaml", daemon_config))
+    assert proc.wait(timeout=20) == 2
+    assert daemon_log(proc).strip().splitlines()[-1] == (
+        f"nodeagent: cannot lock {run / 'daemon.lock'}: it has 2 links: refusing to write "
+        "through it")
+    assert elsewhere.read_text() == "not yours\n"
+
+
+def test_a_deleted_lock_file_is_taken_again_so_no_second_daemon_starts(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """daemon.lock deleted under a running daemon: before, a second daemon created a new
+    one, locked it and ran beside the first. Now the first locks the path again at its next
+    pass, and the second is refused."""
+    cfg = tmp_path / "c.yaml"
+    first = start(rails_ns, daemon_config, cfg)
+    lock = Path(daemon_config["runtime_dir"]) / "daemon.lock"
+    lock.unlink()
+    rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")  # a pass (resync is 1 h)
+    wait_for(lambda: lock.exists() and lock.read_text().strip() == str(first.pid),
+             what="the lock file made again by its daemon")
+    second = rails_ns.start_daemon(cfg)
+    assert second.wait(timeout=20) == 2
+    assert daemon_log(second).strip().splitlines()[-1] == (
+        f"nodeagent: another nodeagent daemon (pid {first.pid}) holds {lock}")
+    assert first.poll() is None
+    stop_cleanly(first)
