@@ -1,5 +1,5 @@
 import sys
 
-from nodeagent.cli.main import main
+from nodeagent.cli.entry import main
 
 sys.exit(main())

@@ -26,6 +26,7 @@ from pyroute2 import IPRoute
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config, ConfigError
 from nodeagent.io.files import descriptor_faults
+from nodeagent.io.signals import take_hup
 from nodeagent.io.systemd import CONDITION, REASON, Notifier
 from nodeagent.model import (
     FABRIC_READY,
@@ -501,6 +502,8 @@ class Agent:
         signal.signal(signal.SIGTERM, on_stop)
         signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGHUP, on_hup)
+        if take_hup():  # a SIGHUP during the start-up, caught by the early handler
+            self.work.put(ReloadAsked())
 
     def _start(self, source: Source) -> None:
         self.sources.append(source)

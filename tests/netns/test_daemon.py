@@ -550,3 +550,48 @@ def test_a_deleted_lock_file_is_taken_again_so_no_second_daemon_starts(
         f"nodeagent: another nodeagent daemon (pid {first.pid}) holds {lock}")
     assert first.poll() is None
     stop_cleanly(first)
+
+
+def _caught(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (SigCgt in /proc/<pid>/status)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def test_signals_during_start_up_neither_kill_nor_trace(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Signals sent while the daemon is still importing (as soon as its first handler is
+    there, before pydantic and pyroute2 are loaded): a SIGHUP (`systemctl reload` during a
+    start) is a reload once it runs, SIGUSR1/SIGUSR2/SIGALRM are logged and ignored, at any
+    time; a SIGINT ends it quietly. Before: SIGHUP and SIGUSR1 killed it, SIGINT printed a
+    KeyboardInterrupt traceback from an import."""
+    cfg = write_config(tmp_path / "c.yaml", daemon_config)
+    proc = rails_ns.start_daemon(cfg)
+    wait_for(lambda: _caught(proc.pid, signal.SIGUSR1) or proc.poll() is not None,
+             timeout=20, what="the daemon's first signal handler")
+    for signum in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        proc.send_signal(signum)
+    wait_for(lambda: (status_of(daemon_config) or {}).get("ok") is True or
+             proc.poll() is not None, timeout=30, what="the first healthy pass")
+    wait_for(lambda: "config reloaded" in daemon_log(proc) or proc.poll() is not None,
+             what="the early SIGHUP acted on as a reload")
+    proc.send_signal(signal.SIGUSR1)  # and once it runs
+    time.sleep(0.5)
+    assert proc.poll() is None, daemon_log(proc)
+    log = daemon_log(proc)
+    for name in ("SIGUSR1", "SIGUSR2", "SIGALRM"):
+        assert f"ignoring signal {name}" in log, log
+    stop_cleanly(proc)
+
+    early = rails_ns.start_daemon(cfg)
+    wait_for(lambda: _caught(early.pid, signal.SIGUSR1) or early.poll() is not None,
+             timeout=20, what="the daemon's first signal handler")
+    early.send_signal(signal.SIGINT)
+    assert early.wait(timeout=20) in (0, 128 + signal.SIGINT)
+    assert "Traceback" not in daemon_log(early), daemon_log(early)
