@@ -7,7 +7,7 @@ observations into Findings, remedies turn drift into Actions. Nothing here does 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -66,6 +66,53 @@ class Finding:
             "reason": self.reason,
             "message": self.message,
         }
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing a condition found wrong: a failure, or a fact it could not establish."""
+
+    reason: str
+    message: str
+    unknown: bool = False
+
+
+@dataclass
+class Problems:
+    """The one fold from problems to a condition's Finding, shared by every condition so
+    status and reason cannot disagree: False when any problem is a failure, with the first
+    failure's reason; else Unknown with the first unknown's reason; else True. The message
+    names every problem, failures first, each group in the order found."""
+
+    type: str
+    found: list[Problem] = field(default_factory=list)
+
+    def fail(self, reason: str, message: str) -> None:
+        self.found.append(Problem(reason, message))
+
+    def unknown(self, reason: str, message: str) -> None:
+        self.found.append(Problem(reason, message, unknown=True))
+
+    def extend(self, problems: Iterable[Problem]) -> None:
+        self.found.extend(problems)
+
+    def __bool__(self) -> bool:
+        return bool(self.found)
+
+    def finding(self, reason: str, message: str) -> Finding:
+        """The Finding: the folded problems, or True with `reason` and `message`."""
+        if not self.found:
+            return Finding(self.type, "True", reason, message)
+        return self.folded()
+
+    def folded(self) -> Finding:
+        """The Finding of problems already found (there must be some)."""
+        assert self.found, "nothing to fold"
+        failed = [p for p in self.found if not p.unknown]
+        unknown = [p for p in self.found if p.unknown]
+        status: ConditionStatus = "False" if failed else "Unknown"
+        return Finding(self.type, status, (failed or unknown)[0].reason,
+                       "; ".join(p.message for p in failed + unknown))
 
 
 # ---------------------------------------------------------------- network observations
@@ -165,15 +212,30 @@ class GidEntry:
 
 
 @dataclass(frozen=True)
+class GidReadError:
+    """A device (or port, or slot) whose GIDs could not be read, in one line."""
+
+    device: str | None  # None: no device's own (pyverbs configured but not importable)
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class GidTable:
     """The non-empty entries of every RDMA port, plus where they came from."""
 
     source: Literal["sysfs", "pyverbs", "none"]
     entries: tuple[GidEntry, ...] = ()
-    errors: tuple[str, ...] = ()  # unreadable devices/ports, one line each
+    errors: tuple[GidReadError, ...] = ()  # unreadable devices/ports, one each
 
     def for_netdev(self, ifname: str) -> tuple[GidEntry, ...]:
         return tuple(e for e in self.entries if e.ndev == ifname)
+
+    def errors_on(self, device: str | None) -> tuple[GidReadError, ...]:
+        """The read errors that may hide a device's GIDs (None: any device's)."""
+        return tuple(e for e in self.errors if device is None or e.device in (None, device))
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from nodeagent.config import Config
 from nodeagent.kube.fields import quantity, timestamp
 from nodeagent.model import (
     RDMA_DEVICE_PLUGIN_READY,
-    ConditionStatus,
     DevicePluginObservation,
     Finding,
     ImagePlatforms,
     Platform,
+    Problems,
 )
 
 # A pod whose Ready condition last changed this soon after it was created never was Ready:
@@ -204,52 +204,51 @@ def pod_problem(pod: Mapping[str, Any], seen_ready: Set[str]) -> tuple[str, str]
 def device_plugin_finding(
     cfg: Config, obs: DevicePluginObservation | None, seen_ready: Set[str] = frozenset()
 ) -> Finding:
+    problems = Problems(RDMA_DEVICE_PLUGIN_READY)
     dp = cfg.device_plugin
     if dp is None:
-        return Finding(RDMA_DEVICE_PLUGIN_READY, "True", "NotConfigured",
-                       "no device_plugin configured")
+        return problems.finding("NotConfigured", "no device_plugin configured")
     if cfg.kubernetes is None:
-        return Finding(RDMA_DEVICE_PLUGIN_READY, "Unknown", "KubernetesNotConfigured",
-                       "device_plugin is configured but the kubernetes section is not")
-    if obs is None:
-        return Finding(RDMA_DEVICE_PLUGIN_READY, "Unknown", "NotYetChecked",
-                       "device plugin not checked yet")
-    if obs.error:
-        return Finding(RDMA_DEVICE_PLUGIN_READY, "Unknown", "APIUnreachable",
-                       f"cannot read the device plugin's objects: {obs.error}")
-    problems: list[tuple[str, str]] = []
+        problems.unknown("KubernetesNotConfigured",
+                         "device_plugin is configured but the kubernetes section is not")
+    elif obs is None:
+        problems.unknown("NotYetChecked", "device plugin not checked yet")
+    elif obs.error:
+        problems.unknown("APIUnreachable", f"cannot read the device plugin's objects: {obs.error}")
+    if problems or obs is None or cfg.kubernetes is None:
+        return problems.folded()
     if obs.daemonset is None:
-        problems.append(("DaemonSetMissing", f"daemonset {dp.namespace}/{dp.daemonset} not found"))
+        problems.fail("DaemonSetMissing", f"daemonset {dp.namespace}/{dp.daemonset} not found")
     elif cfg.kubernetes.taint is not None:  # conditions only: the taint is not the agent's
         taint = cfg.kubernetes.taint
         problem = toleration_problem(obs.daemonset, taint.key, taint.effect)
         if problem:
-            problems.append(("PluginDoesNotTolerateFabricTaint", problem))
+            problems.fail("PluginDoesNotTolerateFabricTaint", problem)
     if not obs.pods:
-        problems.append(("PluginPodMissing",
-                         f"no pod of daemonset {dp.namespace}/{dp.daemonset} on this node"))
+        problems.fail("PluginPodMissing",
+                      f"no pod of daemonset {dp.namespace}/{dp.daemonset} on this node")
     node = node_platform(obs.node, obs.machine)
     newest = newest_pod(obs)
     runtime_problems, runtime_notes = runtime_facts(obs, node)
-    problems.extend(runtime_problems)  # what the pod ran into comes before how it is doing
+    for reason, message in runtime_problems:  # what the pod ran into before how it is doing
+        problems.fail(reason, message)
     if newest is not None:
         found = pod_problem(newest, seen_ready)
         if found and not (runtime_problems and found[0] == "ImageArchMismatch"):
-            problems.append(found)
+            problems.fail(*found)
     image_problems, notes = image_facts(obs.images, node)
-    problems.extend(p for p in image_problems if not runtime_problems)
+    for reason, message in image_problems if not runtime_problems else ():
+        problems.fail(reason, message)
     notes = runtime_notes + notes
     node_status = (obs.node or {}).get("status", {})
     allocatable = quantity((node_status.get("allocatable") or {}).get(dp.resource))
     capacity = quantity((node_status.get("capacity") or {}).get(dp.resource))
     if min(allocatable, capacity) < dp.min_allocatable or allocatable == 0:
-        problems.append(("ResourceNotAdvertised",
-                         f"{dp.resource}: allocatable {allocatable}, capacity {capacity}, "
-                         f"want at least {max(1, dp.min_allocatable)}"))
+        problems.fail("ResourceNotAdvertised",
+                      f"{dp.resource}: allocatable {allocatable}, capacity {capacity}, "
+                      f"want at least {max(1, dp.min_allocatable)}")
     if problems:
-        status: ConditionStatus = "False"
-        return Finding(RDMA_DEVICE_PLUGIN_READY, status, problems[0][0],
-                       "; ".join(p[1] for p in problems))
+        return problems.folded()
     if not dp.registry.verify_platform:
         notes.append("image platform not checked (registry.verify_platform is off)")
     return Finding(RDMA_DEVICE_PLUGIN_READY, "True", "PluginReady",

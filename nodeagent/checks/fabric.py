@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nodeagent.model import (
-    FABRIC_READY,
-    ConditionStatus,
-    Finding,
-)
+from nodeagent.model import FABRIC_READY, Finding, Problems
 
 
 def fabric_finding(parts: Sequence[Finding]) -> Finding:
-    failing = [f for f in parts if not f.ok]
-    if not failing:
-        return Finding(
-            FABRIC_READY, "True", "AllConditionsPassed", "all fabric conditions are True"
-        )
-    status: ConditionStatus = "False" if any(f.status == "False" for f in failing) else "Unknown"
-    first = next(f for f in failing if f.status == status)
-    message = "; ".join(f"{f.type}={f.status} ({f.reason})" for f in failing)
-    return Finding(FABRIC_READY, status, first.reason, message)
+    """False when a gated condition is False (with its reason), Unknown when the rest are
+    Unknown; the message names every condition that is not True."""
+    problems = Problems(FABRIC_READY)
+    for f in parts:
+        if not f.ok:
+            text = f"{f.type}={f.status} ({f.reason})"
+            if f.status == "False":
+                problems.fail(f.reason, text)
+            else:
+                problems.unknown(f.reason, text)
+    return problems.finding("AllConditionsPassed", "all fabric conditions are True")

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from nodeagent.config import Config, Rail
 from nodeagent.model import (
     ROCE_GID_STABLE,
-    ConditionStatus,
     Finding,
     GidEntry,
     GidShift,
     GidTable,
     GidType,
     Pin,
+    Problems,
     QueuePairs,
 )
 
@@ -77,14 +77,30 @@ def repin_verdict(cfg: Config, rail: Rail, shift: GidShift,
     return None
 
 
+def _unreadable(rail: Rail, device: str | None, table: GidTable) -> str | None:
+    """Why the rail's GIDs may be hidden: the read errors of its own device (configured or
+    where its GIDs were last seen), or of any device while its device is not known."""
+    errors = table.errors_on(device)
+    if not errors:
+        return None
+    shown = "; ".join(str(e) for e in errors[:2])
+    more = f" and {len(errors) - 2} more" if len(errors) > 2 else ""
+    if device is None:
+        return f"{rail.label}: its RDMA device is not known and GIDs are unreadable: {shown}{more}"
+    return f"{rail.label}: GID table unreadable ({shown}{more})"
+
+
 def gid_finding(
     cfg: Config, table: GidTable, learned: Mapping[str, Pin], qps: QueuePairs | None = None,
+    seen: Mapping[str, tuple[str, int]] | None = None,
 ) -> GidVerdict:
     """`qps` (every QP on the host) decides whether shifted rails may be re-pinned; without
-    it a shift is only reported."""
+    it a shift is only reported. `seen`: rail -> the device and port its GIDs were last
+    seen on (a rail without `rdma_device` is judged on that device's errors only)."""
+    problems = Problems(ROCE_GID_STABLE)
     if not cfg.rails:
-        return GidVerdict(Finding(ROCE_GID_STABLE, "True", "NotConfigured", "no rails configured"))
-    problems: list[tuple[str, str, bool]] = []  # reason, message, unknown?
+        return GidVerdict(problems.finding("NotConfigured", "no rails configured"))
+    seen = seen or {}
     notes: list[str] = []
     new_pins: dict[str, Pin] = {}
     observed: dict[str, int] = {}
@@ -92,35 +108,23 @@ def gid_finding(
     repin: list[str] = []
     for rail in cfg.rails:
         entries = rail_entries(rail, table)
+        device = rail.rdma_device or seen.get(rail.name, (None, 1))[0]
         if not entries:
-            if table.errors:
-                problems.append(
-                    (
-                        "GIDTableUnreadable",
-                        f"{rail.label}: GID table unreadable ({table.errors[0]})",
-                        True,
-                    )
-                )
+            unreadable = _unreadable(rail, device, table)
+            if unreadable:
+                problems.unknown("GIDTableUnreadable", unreadable)
+            elif rail.rdma_device is None and device is not None:
+                problems.fail("GIDMissing", f"{rail.label}: no GIDs on {rail.interface} from "
+                                            f"{device} (where they were last seen)")
             else:
                 where = rail.rdma_device or "any RDMA device"
-                problems.append(
-                    (
-                        "RDMADeviceNotFound",
-                        f"{rail.label}: no GIDs on {rail.interface} from {where}",
-                        False,
-                    )
-                )
+                problems.fail("RDMADeviceNotFound",
+                              f"{rail.label}: no GIDs on {rail.interface} from {where}")
             continue
         v2 = ipv4_v2_entries(rail, table)
         if not v2:
-            problems.append(
-                (
-                    "GIDMissing",
-                    f"{rail.label}: no IPv4 RoCE v2 GID for {rail.ip} "
-                    f"on {entries[0].device} port {entries[0].port}",
-                    False,
-                )
-            )
+            problems.fail("GIDMissing", f"{rail.label}: no IPv4 RoCE v2 GID for {rail.ip} "
+                                        f"on {entries[0].device} port {entries[0].port}")
             continue
         current = v2[0]
         observed[rail.name] = current.index
@@ -142,30 +146,11 @@ def gid_finding(
             why = repin_verdict(cfg, rail, shift, qps)
             if why is None:
                 repin.append(rail.name)
-            problems.append(
-                (
-                    "GIDIndexShifted",
-                    f"{rail.label}: IPv4 RoCE v2 GID at index {current.index}, "
-                    f"pinned {pin.index} ({current.device} port {current.port}); "
-                    + (why or "re-pinning: no QP uses the port"),
-                    False,
-                )
-            )
+            problems.fail("GIDIndexShifted",
+                          f"{rail.label}: IPv4 RoCE v2 GID at index {current.index}, "
+                          f"pinned {pin.index} ({current.device} port {current.port}); "
+                          + (why or "re-pinning: no QP uses the port"))
         else:
             notes.append(f"{rail.name}: {current.device}/{current.port} index {pin.index}")
-    if problems:
-        status: ConditionStatus = (
-            "False" if any(not unknown for _, _, unknown in problems) else "Unknown"
-        )
-        return GidVerdict(
-            Finding(ROCE_GID_STABLE, status, problems[0][0], "; ".join(p[1] for p in problems)),
-            new_pins,
-            observed,
-            shifts,
-            tuple(repin),
-        )
-    return GidVerdict(
-        Finding(ROCE_GID_STABLE, "True", "GIDsPinned", f"{table.source}: " + "; ".join(notes)),
-        new_pins,
-        observed,
-    )
+    finding = problems.finding("GIDsPinned", f"{table.source}: " + "; ".join(notes))
+    return GidVerdict(finding, new_pins, observed, shifts, tuple(repin))

@@ -17,6 +17,7 @@ from nodeagent.model import (
     Drift,
     DriftKind,
     Finding,
+    Problems,
     RailObservation,
 )
 
@@ -213,14 +214,6 @@ def rail_drift(cfg: Config, rail: Rail, obs: RailObservation) -> list[Drift]:
     return drift
 
 
-def all_drift(cfg: Config, observations: Mapping[str, RailObservation]) -> dict[str, list[Drift]]:
-    return {
-        rail.name: rail_drift(cfg, rail, observations[rail.name])
-        for rail in cfg.rails
-        if rail.name in observations
-    }
-
-
 def network_finding(
     cfg: Config,
     drift: Mapping[str, Sequence[Drift]],
@@ -231,25 +224,14 @@ def network_finding(
     `overrides` maps rail name -> (reason, message) for states only the daemon can see over
     time (LinkFlapping, ManagedElsewhere); they outrank the rail's drift.
     """
+    problems = Problems(ROCE_NETWORK_READY)
     if not cfg.rails:
-        return Finding(ROCE_NETWORK_READY, "True", "NotConfigured", "no rails configured")
+        return problems.finding("NotConfigured", "no rails configured")
     overrides = overrides or {}
-    reasons: list[str] = []
-    messages: list[str] = []
     for rail in cfg.rails:
         if rail.name in overrides:
-            reason, message = overrides[rail.name]
-            reasons.append(reason)
-            messages.append(message)
+            problems.fail(*overrides[rail.name])
         for d in drift.get(rail.name, ()):
-            reasons.append(d.kind.reason)
-            messages.append(d.message)
-    if not reasons:
-        names = ", ".join(r.name for r in cfg.rails)
-        return Finding(
-            ROCE_NETWORK_READY,
-            "True",
-            "RailsConfigured",
-            f"{len(cfg.rails)} rail(s) as configured: {names}",
-        )
-    return Finding(ROCE_NETWORK_READY, "False", reasons[0], "; ".join(messages))
+            problems.fail(d.kind.reason, d.message)
+    names = ", ".join(r.name for r in cfg.rails)
+    return problems.finding("RailsConfigured", f"{len(cfg.rails)} rail(s) as configured: {names}")

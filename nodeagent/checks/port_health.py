@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.config import Config, Hardware
-from nodeagent.model import RDMA_HARDWARE_HEALTHY, Finding, PortHealth
+from nodeagent.model import RDMA_HARDWARE_HEALTHY, Finding, PortHealth, Problems
 
 
 @dataclass
@@ -49,29 +49,28 @@ class ErrorRates:
         return samples[-1][1] - samples[0][1], samples[-1][0] - samples[0][0]
 
 
-def _port_problems(where: str, port: PortHealth, hw: Hardware,
-                   unknown: list[str]) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
+UNREADABLE = "HardwareNotReadable"
+
+
+def _port_problems(where: str, port: PortHealth, hw: Hardware, problems: Problems) -> None:
     if port.state is None:
-        unknown.append(f"{where}: port state not readable")
+        problems.unknown(UNREADABLE, f"{where}: port state not readable")
     elif port.state != "ACTIVE":
-        problems.append(("PortNotActive", f"{where}: port {port.state}, want ACTIVE"))
+        problems.fail("PortNotActive", f"{where}: port {port.state}, want ACTIVE")
     if port.phys_state is None:
-        unknown.append(f"{where}: physical state not readable")
+        problems.unknown(UNREADABLE, f"{where}: physical state not readable")
     elif port.phys_state != "LinkUp":
-        problems.append(("PortPhysicalLinkDown",
-                         f"{where}: physical link {port.phys_state}, want LinkUp"))
+        problems.fail("PortPhysicalLinkDown",
+                      f"{where}: physical link {port.phys_state}, want LinkUp")
     if hw.link_layer and port.link_layer and port.link_layer != hw.link_layer:
-        problems.append(("LinkLayerMismatch",
-                         f"{where}: link layer {port.link_layer}, want {hw.link_layer}"))
+        problems.fail("LinkLayerMismatch",
+                      f"{where}: link layer {port.link_layer}, want {hw.link_layer}")
     if hw.expect_rate is not None:
         if port.rate_gbps is None:
-            unknown.append(f"{where}: rate not readable ({port.rate or 'absent'})")
+            problems.unknown(UNREADABLE, f"{where}: rate not readable ({port.rate or 'absent'})")
         elif port.rate_gbps < hw.expect_rate:
-            problems.append(("PortRateDegraded",
-                             f"{where}: rate {port.rate}, want at least "
-                             f"{hw.expect_rate:g} Gb/s"))
-    return problems
+            problems.fail("PortRateDegraded",
+                          f"{where}: rate {port.rate}, want at least {hw.expect_rate:g} Gb/s")
 
 
 def _pcie_problem(where: str, port: PortHealth, hw: Hardware) -> tuple[str, str] | None:
@@ -96,44 +95,36 @@ def _pcie_problem(where: str, port: PortHealth, hw: Hardware) -> tuple[str, str]
 
 def hardware_finding(cfg: Config, ports: Mapping[str, PortHealth | None],
                      rates: ErrorRates) -> Finding:
+    problems = Problems(RDMA_HARDWARE_HEALTHY)
     hw = cfg.hardware
     if hw is None:
-        return Finding(RDMA_HARDWARE_HEALTHY, "True", "NotConfigured",
-                       "no hardware section configured")
+        return problems.finding("NotConfigured", "no hardware section configured")
     if not cfg.rails:
-        return Finding(RDMA_HARDWARE_HEALTHY, "True", "NotConfigured", "no rails configured")
-    problems: list[tuple[str, str]] = []
-    unknown: list[str] = []
+        return problems.finding("NotConfigured", "no rails configured")
     fine: list[str] = []
     for rail in cfg.rails:
         port = ports.get(rail.name)
         if port is None:
-            unknown.append(f"{rail.name}: its RDMA port is not known yet")
+            problems.unknown(UNREADABLE, f"{rail.name}: its RDMA port is not known yet")
             continue
         where = f"{rail.name} {port.device}/{port.port}"
-        found = _port_problems(where, port, hw, unknown)
+        before = len(problems.found)
+        _port_problems(where, port, hw, problems)
         pcie = _pcie_problem(where, port, hw)
         if pcie:
-            found.append(pcie)
+            problems.fail(*pcie)
         for name, limit in hw.error_limits.items():
             grew = rates.growth(rail.name, name)
             if grew is not None and grew[0] > limit:
-                found.append(("ErrorCountersRising",
+                problems.fail("ErrorCountersRising",
                               f"{where}: {name} +{grew[0]} in {grew[1]:.0f} s "
-                              f"(limit {limit} per {hw.error_window:g} s)"))
+                              f"(limit {limit} per {hw.error_window:g} s)")
         accepted = hw.firmware.get(port.hca_type or "")
         if accepted and port.fw_ver not in accepted:
-            found.append(("FirmwareMismatch",
+            problems.fail("FirmwareMismatch",
                           f"{where}: {port.hca_type} firmware {port.fw_ver or 'unreadable'}, "
-                          f"accepted: {', '.join(accepted)}"))
-        problems.extend(found)
-        if not found:
+                          f"accepted: {', '.join(accepted)}")
+        if not any(not p.unknown for p in problems.found[before:]):
             fine.append(f"{rail.name} {port.device}/{port.port} {port.state} "
                         f"{port.rate or ''}".strip())
-    if problems:
-        return Finding(RDMA_HARDWARE_HEALTHY, "False", problems[0][0],
-                       "; ".join(p[1] for p in problems))
-    if unknown:
-        return Finding(RDMA_HARDWARE_HEALTHY, "Unknown", "HardwareNotReadable",
-                       "; ".join(unknown))
-    return Finding(RDMA_HARDWARE_HEALTHY, "True", "HardwareHealthy", "; ".join(fine))
+    return problems.finding("HardwareHealthy", "; ".join(fine))

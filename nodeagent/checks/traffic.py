@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.config import Config
-from nodeagent.model import FABRIC_TRAFFIC_ON_RDMA, Finding, RailCounters
+from nodeagent.model import (
+    FABRIC_TRAFFIC_ON_RDMA,
+    DevicePluginObservation,
+    Finding,
+    Problems,
+    RailCounters,
+)
 
 
 def rdma_measure(c: RailCounters) -> tuple[int, str] | None:
@@ -101,24 +107,27 @@ def traffic_finding(cfg: Config, tracker: TrafficTracker, now: float,
                     counters: Mapping[str, RailCounters], expected: bool | None,
                     why: str) -> Finding:
     """`expected`: whether fabric traffic is expected now (None: cannot tell), and why."""
+    problems = Problems(FABRIC_TRAFFIC_ON_RDMA)
     ft = cfg.fabric_traffic
     if ft is None or not cfg.rails:
-        return Finding(FABRIC_TRAFFIC_ON_RDMA, "True", "NotConfigured",
-                       "no fabric_traffic section (or no rails)")
+        return problems.finding("NotConfigured", "no fabric_traffic section (or no rails)")
     if expected is None:
-        return Finding(FABRIC_TRAFFIC_ON_RDMA, "Unknown", "ExpectationUnknown",
-                       f"cannot tell whether fabric traffic is expected: {why}")
+        problems.unknown("ExpectationUnknown",
+                         f"cannot tell whether fabric traffic is expected: {why}")
+        return problems.folded()
     if not expected:
-        return Finding(FABRIC_TRAFFIC_ON_RDMA, "True", "NoFabricTrafficExpected", why)
-    bad, measuring, unreadable, fine = [], [], [], []
+        return problems.finding("NoFabricTrafficExpected", why)
+    measuring, fine = [], []
     for rail in cfg.rails:
         c = counters.get(rail.name)
         if c is None or c.rdma_device is None:
-            unreadable.append(f"{rail.name} {rail.interface}: no RDMA device found")
+            problems.unknown("CountersUnreadable",
+                             f"{rail.name} {rail.interface}: no RDMA device found")
             continue
         measure = rdma_measure(c)
         if None in (c.netdev_tx_bytes, c.netdev_rx_bytes) or measure is None:
-            unreadable.append(f"{rail.name} {rail.interface}: counters unreadable")
+            problems.unknown("CountersUnreadable",
+                             f"{rail.name} {rail.interface}: counters unreadable")
             continue
         w = tracker.windows.get(rail.name)
         d = w.deltas(now) if w else None
@@ -128,20 +137,34 @@ def traffic_finding(cfg: Config, tracker: TrafficTracker, now: float,
         kernel, rdma = d
         flat = ft.flat_rdma_bytes if w.unit == "B" else ft.flat_rdma_packets
         if kernel > ft.min_kernel_bytes and rdma <= flat:
-            bad.append(f"{rail.name} {rail.interface}: {kernel} bytes through the kernel "
-                       f"stack and {rdma} {w.unit} over RDMA ({c.rdma_device} port "
-                       f"{c.rdma_port}) in the last {ft.window:g}s: traffic is not using the "
-                       "fabric")
+            problems.fail("TrafficNotOnFabric",
+                          f"{rail.name} {rail.interface}: {kernel} bytes through the kernel "
+                          f"stack and {rdma} {w.unit} over RDMA ({c.rdma_device} port "
+                          f"{c.rdma_port}) in the last {ft.window:g}s: traffic is not using "
+                          "the fabric")
         else:
             fine.append(f"{rail.name}: kernel {kernel} B, RDMA {rdma} {w.unit}")
-    if bad:
-        return Finding(FABRIC_TRAFFIC_ON_RDMA, "False", "TrafficNotOnFabric",
-                       "; ".join(bad + unreadable))
-    if unreadable:
-        return Finding(FABRIC_TRAFFIC_ON_RDMA, "Unknown", "CountersUnreadable",
-                       "; ".join(unreadable))
     if measuring:
-        return Finding(FABRIC_TRAFFIC_ON_RDMA, "Unknown", "Measuring",
-                       f"less than {ft.window:g}s of samples for {', '.join(measuring)}")
-    return Finding(FABRIC_TRAFFIC_ON_RDMA, "True", "TrafficOnFabric",
-                   f"{why}; last {ft.window:g}s: " + "; ".join(fine))
+        problems.unknown("Measuring", f"less than {ft.window:g}s of samples for "
+                                      f"{', '.join(measuring)}")
+    return problems.finding("TrafficOnFabric", f"{why}; last {ft.window:g}s: " + "; ".join(fine))
+
+
+def traffic_expectation(cfg: Config,
+                        plugin: DevicePluginObservation | None) -> tuple[bool | None, str]:
+    """Whether fabric traffic is expected now (None: cannot tell), and why: always, never,
+    or (expect: pods) while a pod on the node requests a fabric resource."""
+    ft = cfg.fabric_traffic
+    if ft is None:
+        return None, ""
+    if ft.expect != "pods":
+        return ft.expect == "always", f"fabric_traffic.expect is {ft.expect}"
+    if plugin is None or plugin.error:
+        return None, ("the node's pods are not known (expect: pods needs the kubernetes and "
+                      "device_plugin sections)")
+    resources = {*ft.pod_resources, *([cfg.device_plugin.resource] if cfg.device_plugin else [])}
+    users = fabric_consumers(plugin.node_pods, resources)
+    if not users:
+        return False, "no pod here requests " + ", ".join(sorted(resources))
+    return True, (f"pods here request {', '.join(sorted(resources))}: "
+                  f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}")

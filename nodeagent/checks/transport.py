@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nodeagent.config import Config
-from nodeagent.model import RDMA_TRANSPORT_VERIFIED, Finding, TransportResult
+from nodeagent.model import RDMA_TRANSPORT_VERIFIED, Finding, Problems, TransportResult
+
+UNVERIFIED = "TransportNotVerified"  # not probed, stale, or failed outside the steps
 
 # The failed step -> the reason (a failed probe names where it broke).
 STEP_REASONS = {
@@ -34,34 +36,27 @@ def transport_finding(cfg: Config, results: Mapping[str, TransportResult],
     """False when a rail's probe failed (the reason names the step), Unknown while a rail
     was not probed (why is in the message: its GID shifted, its device unknown), has no
     result yet, or its result is stale (the probe itself is stuck), else True."""
+    problems = Problems(RDMA_TRANSPORT_VERIFIED)
     tr = cfg.transport
     if tr is None:
-        return Finding(RDMA_TRANSPORT_VERIFIED, "True", "NotConfigured",
-                       "no transport section configured")
+        return problems.finding("NotConfigured", "no transport section configured")
     if not cfg.rails:
-        return Finding(RDMA_TRANSPORT_VERIFIED, "True", "NotConfigured", "no rails configured")
-    failed: list[tuple[str, str]] = []
-    unknown: list[str] = []
+        return problems.finding("NotConfigured", "no rails configured")
     fine: list[str] = []
     stale_after = 2 * tr.probe_interval + tr.timeout * (len(cfg.rails) + 1)
     for rail in cfg.rails:
         got = results.get(rail.name)
         if rail.name in skipped:
-            unknown.append(f"{rail.name}: not probed: {skipped[rail.name]}")
+            problems.unknown(UNVERIFIED, f"{rail.name}: not probed: {skipped[rail.name]}")
         elif got is None:
-            unknown.append(f"{rail.name}: not probed yet")
+            problems.unknown(UNVERIFIED, f"{rail.name}: not probed yet")
         elif now - got.at > stale_after:
-            unknown.append(f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
+            problems.unknown(UNVERIFIED,
+                             f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
         elif got.ok:
             fine.append(describe(got))
         elif got.step in STEP_REASONS:
-            failed.append((STEP_REASONS[got.step], describe(got)))
+            problems.fail(STEP_REASONS[got.step], describe(got))
         else:  # pyverbs missing, or an error outside the steps: not the fabric's fault
-            unknown.append(describe(got))
-    if failed:
-        return Finding(RDMA_TRANSPORT_VERIFIED, "False", failed[0][0],
-                       "; ".join([m for _, m in failed] + unknown))
-    if unknown:
-        return Finding(RDMA_TRANSPORT_VERIFIED, "Unknown", "TransportNotVerified",
-                       "; ".join(unknown))
-    return Finding(RDMA_TRANSPORT_VERIFIED, "True", "TransportVerified", "; ".join(fine))
+            problems.unknown(UNVERIFIED, describe(got))
+    return problems.finding("TransportVerified", "; ".join(fine))

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.io.files import open_counted, read_attribute
-from nodeagent.model import GidEntry, GidTable, GidType
+from nodeagent.model import GidEntry, GidReadError, GidTable, GidType
 
 GidSource = Literal["auto", "pyverbs", "sysfs"]
 
@@ -93,19 +93,21 @@ def _ports(sysfs_root: Path, device: str) -> list[int]:
 
 
 def _read_port_sysfs(sysfs_root: Path, device: str, port: int,
-                     where: Where) -> tuple[list[GidEntry], list[str]]:
+                     where: Where) -> tuple[list[GidEntry], list[GidReadError]]:
     base = sysfs_root / "class" / "infiniband" / device / "ports" / str(port)
     entries: list[GidEntry] = []
-    errors: list[str] = []
+    errors: list[GidReadError] = []
     try:
         gids_fd = open_counted(base / "gids", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        return [], [f"{device} port {port}: cannot list GIDs: {exc.strerror or exc}"]
+        return [], [GidReadError(device, f"{device} port {port}: cannot list GIDs: "
+                                         f"{exc.strerror or exc}")]
     try:
         names = os.listdir(gids_fd)
     except OSError as exc:
         os.close(gids_fd)
-        return [], [f"{device} port {port}: cannot list GIDs: {exc.strerror or exc}"]
+        return [], [GidReadError(device, f"{device} port {port}: cannot list GIDs: "
+                                         f"{exc.strerror or exc}")]
     try:
         raw_gids = []
         for n in sorted(filter(str.isdigit, names), key=int):
@@ -119,7 +121,8 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int,
         try:
             gid = parse_gid(raw)
         except ValueError:
-            errors.append(f"{device} port {port} gid {name}: unparsable {raw[:60]!r}")
+            errors.append(GidReadError(
+                device, f"{device} port {port} gid {name}: unparsable {raw[:60]!r}"))
             continue
         if gid is None:
             continue
@@ -138,15 +141,16 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int,
     return entries, errors
 
 
-DeviceRead = tuple[list[GidEntry], list[str]]
+DeviceRead = tuple[list[GidEntry], list[GidReadError]]
 
 
 def _read_device_sysfs(sysfs_root: Path, device: str, where: Where) -> DeviceRead:
     entries: list[GidEntry] = []
-    errors: list[str] = []
+    errors: list[GidReadError] = []
     ports = _ports(sysfs_root, device)
     if not ports:
-        errors.append(f"{device}: no ports readable under {sysfs_root}/class/infiniband")
+        errors.append(GidReadError(
+            device, f"{device}: no ports readable under {sysfs_root}/class/infiniband"))
     for port in ports:
         got, errs = _read_port_sysfs(sysfs_root, device, port, where)
         entries.extend(got)
@@ -155,7 +159,7 @@ def _read_device_sysfs(sysfs_root: Path, device: str, where: Where) -> DeviceRea
 
 
 def _per_device(devices: Iterable[str], read: Callable[[str, Where], DeviceRead],
-                reads: BoundedReads | None) -> tuple[list[GidEntry], list[str]]:
+                reads: BoundedReads | None) -> DeviceRead:
     """Each device read on its own (off the caller's thread when `reads` is given): a device
     whose driver does not answer costs its own entries, not the others'."""
     devs = list(devices)
@@ -165,10 +169,10 @@ def _per_device(devices: Iterable[str], read: Callable[[str, Where], DeviceRead]
         got = reads.run({f"gid:{d}": functools.partial(read, d) for d in devs})
         results = {d: got[f"gid:{d}"] for d in devs}
     entries: list[GidEntry] = []
-    errors: list[str] = []
+    errors: list[GidReadError] = []
     for device, result in results.items():
         if isinstance(result, Stuck):
-            errors.append(f"{device}: GID table {result.describe()}")
+            errors.append(GidReadError(device, f"{device}: GID table {result.describe()}"))
             continue
         entries.extend(result[0])
         errors.extend(result[1])
@@ -231,12 +235,12 @@ def _read_device_pyverbs(device: str, where: Where) -> DeviceRead:
             size = sum(ctx.query_port(p).gid_tbl_len for p in range(1, nports + 1))
             raw = ctx.query_gid_table(size)
     except Exception as exc:  # PyverbsRDMAError and friends: report, don't crash
-        return [], [f"{device}: pyverbs cannot read the GID table: {exc}"]
+        return [], [GidReadError(device, f"{device}: pyverbs cannot read the GID table: {exc}")]
     for item in raw:
         try:
             mapped = entry_from_pyverbs(device, item, _ifname_of)
         except ValueError:
-            return entries, [f"{device}: pyverbs returned an unparsable GID"]
+            return entries, [GidReadError(device, f"{device}: pyverbs returned an unparsable GID")]
         if mapped is not None:
             entries.append(mapped)
     return entries, []
@@ -264,7 +268,8 @@ def read_gid_table(
         return read_sysfs(sysfs_root, devs, reads)
     if source == "pyverbs":
         if not pyverbs_available():
-            return GidTable(source="pyverbs", errors=("pyverbs is configured but not importable",))
+            return GidTable(source="pyverbs", errors=(
+                GidReadError(None, "pyverbs is configured but not importable"),))
         return read_pyverbs(sysfs_root, devs, reads)
     # pyverbs sees the real devices only: a fixture sysfs root means sysfs.
     if sysfs_root.resolve() == Path("/sys") and pyverbs_available():

@@ -380,9 +380,10 @@ class Evaluator:
                 entries = rail_entries(rail, self.gid_table)
                 if entries:
                     self.rail_seen[rail.name] = (entries[0].device, entries[0].port)
-        errors.extend(self.gid_table.errors)
+        errors.extend(map(str, self.gid_table.errors))
         self.qps = None
-        if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins).shifts:
+        if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins,
+                                                  seen=self.rail_seen).shifts:
             started = time.perf_counter()
             # The agent's own transport probe is counted out: it never holds up a re-pin.
             self.qps = read_qps(cfg.paths.rdma).excluding(os.getpid())
@@ -534,7 +535,7 @@ class Evaluator:
     ) -> Report:
         cfg = self.cfg
         net = network_finding(cfg, drift, overrides)
-        verdict = gid_finding(cfg, self.gid_table, self.pins, self.qps)
+        verdict = gid_finding(cfg, self.gid_table, self.pins, self.qps, self.rail_seen)
         self.gid_verdict = verdict
         for name in list(self._repin_attempts):
             if name not in verdict.shifts:

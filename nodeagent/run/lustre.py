@@ -35,7 +35,7 @@ def look_and_repair(
     for m in cfg.lustre or []:
         problems = mount_problems(m, obs)
         if problems:
-            first[m.mountpoint] = problems[0][0]
+            first[m.mountpoint] = problems[0].reason
     done, errors = remount(cfg, obs, runner, first)
     if done:
         obs = look(cfg, runner)

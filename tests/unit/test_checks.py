@@ -154,7 +154,7 @@ def test_fabric_aggregate() -> None:
     mixed = [Finding("A", "Unknown", "Later", ""), Finding("B", "False", "Broken", "")]
     f = fabric_finding(mixed)
     assert (f.status, f.reason) == ("False", "Broken")
-    assert f.message == "A=Unknown (Later); B=False (Broken)"
+    assert f.message == "B=False (Broken); A=Unknown (Later)"  # failures first
     assert fabric_finding([Finding("A", "Unknown", "Later", "")]).status == "Unknown"
 
 

@@ -82,14 +82,16 @@ def test_garbage_and_truncated_content(tmp_path: Path) -> None:
     assert [e.index for e in table.entries] == [2, 3]
     assert table.entries[0].gid_type is GidType.UNKNOWN
     assert len(table.errors) == 2
-    assert table.errors[0] == "mlx5_0 port 1 gid 0: unparsable 'not a gid at all'"
+    assert str(table.errors[0]) == "mlx5_0 port 1 gid 0: unparsable 'not a gid at all'"
+    assert table.errors[0].device == "mlx5_0"
 
 
 def test_missing_ports_directory_is_an_error_not_a_crash(tmp_path: Path) -> None:
     (tmp_path / "class/infiniband/broken0").mkdir(parents=True)
     table = read_sysfs(tmp_path)
     assert table.entries == ()
-    assert table.errors == (f"broken0: no ports readable under {tmp_path}/class/infiniband",)
+    assert tuple(map(str, table.errors)) == (
+        f"broken0: no ports readable under {tmp_path}/class/infiniband",)
     verdict = gid_finding(cfg(), table, {})
     assert (verdict.finding.status, verdict.finding.reason) == ("Unknown", "GIDTableUnreadable")
 
@@ -165,7 +167,7 @@ def test_both_pyverbs_numberings_map_to_one_enum() -> None:
 def test_pyverbs_configured_but_device_missing_reports_errors(tmp_path: Path) -> None:
     table = read_gid_table("pyverbs", tmp_path, devices=["nosuchdev0"])
     assert table.source == "pyverbs" and table.entries == ()
-    assert table.errors and table.errors[0].startswith("nosuchdev0: pyverbs cannot read")
+    assert table.errors and str(table.errors[0]).startswith("nosuchdev0: pyverbs cannot read")
 
 
 # ---------------------------------------------------------------- RoCEGIDStable

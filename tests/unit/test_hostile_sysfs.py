@@ -68,7 +68,7 @@ def test_generated_trees(tmp_path_factory: Any, slots: dict[int, tuple[Any, Any,
     _put(root / "fs" / "lustre" / "health_check", health)
 
     table = read_sysfs(root)
-    assert all("\n" not in e for e in table.errors)
+    assert all("\n" not in str(e) for e in table.errors)
     cfg = parse_config({"rails": [{"name": "rail0", "interface": "r0",
                                    "address": "10.10.0.5/24"}]})
     verdict = gid_finding(cfg, table, {})
