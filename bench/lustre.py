@@ -72,7 +72,7 @@ def main() -> None:
         with IPRoute() as ipr:
             evaluator = Evaluator(cfg, ipr)
             monitor = LustreMonitor(
-                cfg, lambda seen: setattr(evaluator, "lustre", seen.observation))
+                cfg, lambda seen: setattr(evaluator.store, "lustre", seen.observation))
             monitor.start()
             time.sleep(1.0)
             healthy = passes(evaluator, args.passes)

@@ -139,23 +139,23 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             from nodeagent.io.commands import BoundedRunner
             from nodeagent.run.lustre import look_and_repair
 
-            evaluator.lustre, early.other, early.errors = look_and_repair(
+            evaluator.store.lustre, early.other, early.errors = look_and_repair(
                 cfg, BoundedRunner(), repair=repair and not dry_run)
         if cfg.kubernetes is not None and cfg.device_plugin is not None:
             from nodeagent.run.deviceplugin import load_seen_ready, plugin_reader
 
-            evaluator.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
-            evaluator.plugin_seen_ready = frozenset(load_seen_ready(cfg))
+            evaluator.store.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
+            evaluator.store.plugin_seen_ready = frozenset(load_seen_ready(cfg))
         if cfg.custom_checks is not None:
             from nodeagent.run.custom import run_all
 
-            evaluator.custom_results = run_all(cfg)
+            evaluator.store.custom_results = run_all(cfg)
         report, repairs = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
         if cfg.transport is not None:  # probe the rails the pass found, then judge again
             from nodeagent.run.transport import probe_targets
 
-            evaluator.observe_transport(probe_targets(evaluator.transport_targets(),
-                                                      cfg.transport))
+            evaluator.store.observe_transport(probe_targets(evaluator.transport_targets(),
+                                                            cfg.transport))
             errors = report.errors  # the pass's problems, as it met them
             report = evaluator.judge(repairs)
             report.errors = errors

@@ -167,22 +167,11 @@ class Agent:
         self.by_table = {r.table: r.name for r in cfg.rails if r.table is not None}
         self.by_ip = {r.ip: r.name for r in cfg.rails}
         if self._ipr is not None:
-            previous = self.evaluator
-            self.evaluator = Evaluator(cfg, self._ipr)
-            self.evaluator.lustre = previous.lustre
-            self.evaluator.device_plugin = previous.device_plugin
-            self.evaluator.plugin_seen_ready = previous.plugin_seen_ready
-            self.evaluator.traffic = previous.traffic  # byte-counter history survives too
-            self.evaluator.error_rates = previous.error_rates  # and the error counters'
-            self.evaluator.ports = previous.ports
-            self.evaluator.custom_results = previous.custom_results
-            self.evaluator.transport_results = previous.transport_results
-            self.evaluator.transport_skipped = previous.transport_skipped
-            self.evaluator.rail_seen = previous.rail_seen
-            # One set of read workers for the daemon's life (a new one per reload leaked its
-            # threads), with the last value of every fact.
-            self.evaluator.reads = previous.reads
-            self.evaluator.clock = self.clock
+            # One store for the daemon's life: what every source saw and the read workers
+            # (a new set per reload leaked its threads) survive; a changed rail's facts go.
+            store = self.evaluator.store
+            store.keep_rails(cfg.rails, self.evaluator.cfg.rails)
+            self.evaluator = Evaluator(cfg, self._ipr, store=store, clock=self.clock)
         if self.lustre_monitor is not None:
             self.lustre_monitor.cfg = cfg
         if self.plugin_monitor is not None:
@@ -259,7 +248,7 @@ class Agent:
         event = str(msg.get("event", ""))
         hit: set[str] = set()
         index = msg.get("index") if "LINK" in event or "ADDR" in event else msg.get("oif")
-        for name, obs in self.evaluator.observations.items():
+        for name, obs in self.evaluator.store.observations.items():
             if obs.link is not None and index is not None and obs.link.index == index:
                 hit.add(name)
         if "LINK" in event:
@@ -430,7 +419,7 @@ class Agent:
                 rail, repairs_total=dict(self.repair_counts.get(rail.name, {})),
                 carrier_losses_total=tracker.total if tracker else None,
                 carrier_losses_in_window=tracker.in_window(now) if tracker else None))
-        lustre = self.evaluator.lustre
+        lustre = self.evaluator.store.lustre
         reading = self._loader is not None and self._loader.is_alive()
         if reading and time.monotonic() - self._loader_started > RELOAD_SLOW:
             self.reload_error = (f"a reload has been reading the config for "
@@ -575,8 +564,7 @@ class Agent:
         monitor.ready.wait(timeout=5.0)
         with IPRoute() as ipr:
             self._ipr = ipr
-            self.evaluator = Evaluator(self.cfg, ipr)
-            self.evaluator.clock = self.clock
+            self.evaluator = Evaluator(self.cfg, ipr, clock=self.clock)
             self._start_lustre()  # after the evaluator exists: they deliver to it
             self._start_plugin_monitor()
             self._start_custom_checks()
@@ -641,20 +629,20 @@ class Agent:
                     elif isinstance(item, NodeChanged):
                         status_only = True
                     elif isinstance(item, PluginSeen):
-                        self.evaluator.device_plugin = item.observation
-                        self.evaluator.plugin_seen_ready = item.seen_ready
+                        self.evaluator.store.device_plugin = item.observation
+                        self.evaluator.store.plugin_seen_ready = item.seen_ready
                         judge_only = True
                     elif isinstance(item, GidSlotsMoved):  # no netlink event said so
                         self.evaluator.mark_gid_stale(moved=True)
                         judge_only = True
                     elif isinstance(item, TransportSeen):
-                        self.evaluator.observe_transport(item)
+                        self.evaluator.store.observe_transport(item)
                         judge_only = True
                     elif isinstance(item, CustomChecksSeen):
-                        self.evaluator.custom_results = item.results
+                        self.evaluator.store.custom_results = item.results
                         judge_only = True
                     elif isinstance(item, LustreSeen):
-                        self.evaluator.lustre = item.observation
+                        self.evaluator.store.lustre = item.observation
                         for line in item.remounted:
                             log.info("repaired %s", line)
                         judge_only = True

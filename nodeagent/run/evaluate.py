@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodeagent.checks.custom import custom_finding
-from nodeagent.checks.deviceplugin import device_plugin_finding
-from nodeagent.checks.fabric import fabric_finding
+from nodeagent.checks.conditions import judge_pass
+from nodeagent.checks.facts import Facts
 from nodeagent.checks.gid import (
     GidVerdict,
     gid_finding,
@@ -26,31 +25,18 @@ from nodeagent.checks.gid import (
     rail_entries,
 )
 from nodeagent.checks.hardware import fingerprint_labels
-from nodeagent.checks.lustre import lustre_finding
-from nodeagent.checks.network import deletion_drift, network_finding, rail_drift
-from nodeagent.checks.port_health import ErrorRates, hardware_finding
-from nodeagent.checks.traffic import TrafficTracker, fabric_consumers, traffic_finding
-from nodeagent.checks.transport import transport_finding
+from nodeagent.checks.network import deletion_drift, rail_drift
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
-from nodeagent.io.files import describe_error
 from nodeagent.io.systemd import RAIL
 from nodeagent.model import (
     GID_AFFECTING,
-    CustomCheckResult,
     Deletion,
-    DevicePluginObservation,
-    Drift,
-    Finding,
     GidTable,
-    LustreObservation,
+    Pin,
     PortHealth,
-    QueuePairs,
-    RailCounters,
     RailObservation,
-    RailStatus,
     Report,
-    TransportResult,
 )
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
@@ -60,9 +46,8 @@ from nodeagent.probes.port import read_port_health
 from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
+from nodeagent.run.store import FactStore, PinKeeper, RepinSchedule
 from nodeagent.run.transport import Target
-from nodeagent.run.work import TransportSeen
-from nodeagent.state import load_pins, save_pins
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +141,7 @@ def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool
                                         skip_repair=paused, between=policy.interrupt)
     if not dry_run:
         policy.repaired(probed, ours=False)
-    policy.observed(evaluator.observations)
+    policy.observed(evaluator.store.observations)
     policy.interrupt()
     repairs = early if early is not None else Repairs()
     repairs.merge(probed)
@@ -178,49 +163,47 @@ def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool
     return report, repairs
 
 
+@dataclass
+class Due:
+    """When each fact besides the rails' netlink state is to be read again. The whole GID
+    table is read only when it may have changed: at first, at resync and after an overflow
+    (everywhere), after an address or link event or a repair on a rail, or when a watched
+    slot changed (the rails' devices)."""
+
+    gid_everywhere: bool = True
+    gid_rails: bool = True
+    gid_unsettled: bool = False  # changed with no event: read until two reads agree
+    counters_at: float | None = None  # when the byte counters were last sampled
+    labels_key: tuple[str, ...] | None = None  # the devices the fingerprint was read for
+    labels_at: float = 0.0  # the fingerprint's next read
+    hardware_at: float = 0.0  # the ports' next read
+
+
 class Evaluator:
-    def __init__(self, cfg: Config, ipr: Any, persist_pins: bool = True) -> None:
+    """One config's passes over the facts in `store` (which outlives it: a reload makes a
+    new Evaluator on the same store)."""
+
+    def __init__(self, cfg: Config, ipr: Any, persist_pins: bool = True,
+                 store: FactStore | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.ipr = ipr
-        self.persist_pins = persist_pins
         self.rails = {r.name: r for r in cfg.rails}
-        self.observations: dict[str, RailObservation] = {}
-        loaded = load_pins(cfg, set_aside=persist_pins)
-        self.pins = loaded.pins
-        self.state_problems = loaded.problems  # reported until the pins are saved anew
-        self._pins_unsaved = False  # a learned pin that did not reach the disk yet
-        self.gid_table = GidTable(source="none")
-        # The whole table is read only when it may have changed: at first, at resync and
-        # after an overflow (everywhere), after an address or link event or a repair on a
-        # rail, or when a watched slot changed (the rails' devices).
-        self._gid_stale_everywhere = True
-        self._gid_stale_rails = True
-        self._gid_unsettled = False
-        self._counters_at: float | None = None  # when the byte counters were last sampled
-        self.gid_verdict: GidVerdict | None = None  # the latest, for re-pinning
-        self.qps: QueuePairs | None = None  # looked at only while a GID is shifted
-        self._repin_next: dict[str, float] = {}  # rail -> earliest next re-pin attempt
-        self._repin_attempts: dict[str, int] = {}  # rail -> attempts while still shifted
-        self.lustre: LustreObservation | None = None  # set by whoever probes the mounts
-        self.device_plugin: DevicePluginObservation | None = None  # likewise, the plugin
-        self.plugin_seen_ready: frozenset[str] = frozenset()  # pod UIDs once seen Ready
-        self.counters: dict[str, RailCounters] = {}
-        self.traffic = TrafficTracker()  # kernel vs RDMA bytes over time, per rail
-        self.clock = time.monotonic
+        self.store = store or FactStore()
+        self.keeper = PinKeeper(cfg, persist_pins)
+        self.repins = RepinSchedule()
+        self.due = Due()
+        self.clock = clock
         self.timings: dict[str, float] = {}  # probe -> seconds, in the latest pass
-        self._labels: dict[str, str] = {}
-        self._labels_key: tuple[str, ...] | None = None
-        self._labels_next = 0.0
-        self.ports: dict[str, PortHealth] = {}  # with a hardware section: each rail's port
-        self.error_rates = ErrorRates()
-        self.custom_results: dict[str, CustomCheckResult] = {}  # by check, the latest run
-        self.transport_results: dict[str, TransportResult] = {}  # by rail, the latest probe
-        self.transport_skipped: dict[str, str] = {}  # rail -> why it was not probed
-        self._hardware_next = 0.0
-        self.reads = BoundedReads()  # driver reads off this thread, a deadline each pass
-        # rail -> the RDMA device and port its GIDs were last seen on: while they are gone (a
-        # table rewritten, an address away) the rail's slots stay watched and its device read.
-        self.rail_seen: dict[str, tuple[str, int]] = {}
+        self.gid_verdict: GidVerdict | None = None  # the latest, for re-pinning
+
+    @property
+    def reads(self) -> BoundedReads:
+        return self.store.reads
+
+    @property
+    def pins(self) -> dict[str, Pin]:
+        return self.keeper.pins
 
     def _observe(self, rails: Iterable[Rail]) -> None:
         rails = list(rails)
@@ -228,25 +211,25 @@ class Evaluator:
             return
         keys = {r.name: sorted(self.cfg.sysctls_for(r)) for r in rails}
         started = time.perf_counter()
-        self.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs, keys,
-                                               self.reads))
+        self.store.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs,
+                                                     keys, self.reads))
         self.timings["netlink"] = time.perf_counter() - started
 
     def mark_gid_stale(self, everywhere: bool = False, moved: bool = False) -> None:
         """The GID table may have changed: read it again in the next pass (the rails'
         devices, or every device). `moved`: a slot changed with no event (a driver
         rewriting its table): read until two reads agree, never judge a half-written one."""
-        self._gid_stale_rails = True
-        self._gid_stale_everywhere = self._gid_stale_everywhere or everywhere
-        self._gid_unsettled = self._gid_unsettled or moved
+        self.due.gid_rails = True
+        self.due.gid_everywhere = self.due.gid_everywhere or everywhere
+        self.due.gid_unsettled = self.due.gid_unsettled or moved
 
     def _read_gid_table(self, devices: list[str] | None) -> GidTable:
         cfg = self.cfg
         if not cfg.rails:
             return GidTable(source="none")
         table = read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices, reads=self.reads)
-        if self._gid_unsettled:
-            self._gid_unsettled = False
+        if self.due.gid_unsettled:
+            self.due.gid_unsettled = False
             for _ in range(SETTLE_READS):
                 time.sleep(SETTLE_GAP)
                 again = read_gid_table(cfg.gid_source, cfg.paths.sysfs, devices,
@@ -257,7 +240,7 @@ class Evaluator:
         return table
 
     def ifindex(self, rail: str) -> int | None:
-        obs = self.observations.get(rail)
+        obs = self.store.observations.get(rail)
         return obs.link.index if obs is not None and obs.link is not None else None
 
     def probe_and_repair(
@@ -284,7 +267,7 @@ class Evaluator:
         for name in names:
             if (skip_repair and name in skip_repair) or not self.cfg.manages(self.rails[name]):
                 continue
-            drift = rail_drift(self.cfg, self.rails[name], self.observations[name])
+            drift = rail_drift(self.cfg, self.rails[name], self.store.observations[name])
             actions = plan_rail(self.cfg, self.rails[name], self.ifindex(name), drift)
             if not actions:
                 continue
@@ -323,11 +306,9 @@ class Evaluator:
         self, dry_run: bool = False, skip_repair: Mapping[str, str] | None = None,
     ) -> Repairs:
         """Re-pin the shifted rails the latest judgement allows (no QP on the port, pinned
-        slot free), then repair those rails (the kernel dropped their routes with the
-        address). A rail still shifted after a re-pin waits twice as long before the next
-        (gid_repin_poll, doubling up to 128x): something the QP list does not show holds
-        the slot, and the rail's address must not blink every few seconds. Returns what
-        ran (or, with dry_run, would run); the caller judges again."""
+        slot free), when their schedule allows, then repair those rails (the kernel dropped
+        their routes with the address). Returns what ran (or, with dry_run, would run);
+        the caller judges again."""
         out = Repairs()
         verdict = self.gid_verdict
         if verdict is None:
@@ -336,14 +317,12 @@ class Evaluator:
         for name in verdict.repin:
             rail = self.rails[name]
             actions = plan_repin(rail, self.ifindex(name), verdict.shifts[name])
-            if not actions or (not dry_run and now < self._repin_next.get(name, 0.0)):
+            if not actions or (not dry_run and not self.repins.due(name, now)):
                 continue
             if dry_run:
                 out.done[name] = actions
                 continue
-            attempts = self._repin_attempts.get(name, 0)
-            self._repin_attempts[name] = attempts + 1
-            self._repin_next[name] = now + self.cfg.gid_repin_poll * 2 ** min(attempts, 7)
+            self.repins.attempted(name, now, self.cfg.gid_repin_poll)
             out.record(name, *repin(self.ipr, self.cfg.paths.procfs, rail, actions,
                                     functools.partial(self._ipv4_gid_index, rail)))
         if out.done and not dry_run:
@@ -363,39 +342,39 @@ class Evaluator:
         read), the QPs while a GID is shifted, the byte counters (every pass that is full,
         else at most once a second) and the hardware fingerprint. Returns the problems met
         (unreadable facts), for the judgement."""
-        cfg = self.cfg
+        cfg, store, due = self.cfg, self.store, self.due
         errors: list[str] = []
-        everywhere = full and self._gid_stale_everywhere
-        if everywhere or self._gid_stale_rails:
+        everywhere = full and due.gid_everywhere
+        if everywhere or due.gid_rails:
             devices = None if everywhere else self._rail_devices()
             # Cleared before the read: a repair made while it waits (the daemon's deletions)
             # marks the table stale again for the next pass.
-            self._gid_stale_rails = False
+            due.gid_rails = False
             if devices is None:
-                self._gid_stale_everywhere = False
+                due.gid_everywhere = False
             started = time.perf_counter()
-            self.gid_table = self._read_gid_table(devices)
+            store.gid_table = self._read_gid_table(devices)
             self.timings["gid"] = time.perf_counter() - started
             for rail in cfg.rails:
-                entries = rail_entries(rail, self.gid_table)
+                entries = rail_entries(rail, store.gid_table)
                 if entries:
-                    self.rail_seen[rail.name] = (entries[0].device, entries[0].port)
-        errors.extend(map(str, self.gid_table.errors))
-        self.qps = None
-        if cfg.gid_repin == "auto" and gid_finding(cfg, self.gid_table, self.pins,
-                                                  seen=self.rail_seen).shifts:
+                    store.rail_seen[rail.name] = (entries[0].device, entries[0].port)
+        errors.extend(map(str, store.gid_table.errors))
+        store.qps = None
+        if cfg.gid_repin == "auto" and gid_finding(cfg, store.gid_table, self.pins,
+                                                  seen=store.rail_seen).shifts:
             started = time.perf_counter()
             # The agent's own transport probe is counted out: it never holds up a re-pin.
-            self.qps = read_qps(cfg.paths.rdma).excluding(os.getpid())
+            store.qps = read_qps(cfg.paths.rdma).excluding(os.getpid())
             self.timings["qps"] = time.perf_counter() - started
         now = self.clock()
-        if full or self._counters_at is None or now - self._counters_at >= COUNTERS_EVERY:
+        if full or due.counters_at is None or now - due.counters_at >= COUNTERS_EVERY:
             self._sample_counters(errors)
-            self._counters_at = now
+            due.counters_at = now
         self._fingerprint(errors)
-        if cfg.hardware is not None and (full or now >= self._hardware_next):
+        if cfg.hardware is not None and (full or now >= due.hardware_at):
             self._read_ports(errors)
-            self._hardware_next = now + cfg.hardware.interval
+            due.hardware_at = now + cfg.hardware.interval
         return errors
 
     def transport_targets(self) -> dict[str, Target | str]:
@@ -418,16 +397,9 @@ class Evaluator:
                                         pin.index, rail.ip)
         return out
 
-    def observe_transport(self, seen: TransportSeen) -> None:
-        """A round of transport probes: a skipped rail forgets its last result."""
-        self.transport_results.update(seen.results)
-        self.transport_skipped = dict(seen.skipped)
-        for rail in seen.skipped:
-            self.transport_results.pop(rail, None)
-
     def hardware_due(self) -> float | None:
         """When the ports are to be read again (None: no hardware section)."""
-        return self._hardware_next if self.cfg.hardware is not None else None
+        return self.due.hardware_at if self.cfg.hardware is not None else None
 
     def _read_ports(self, errors: list[str]) -> None:
         """Each rail's RDMA port, PCIe link and error counters, into the error history. A
@@ -447,9 +419,27 @@ class Evaluator:
                 errors.append(f"{self.rails[name].label}: port {got.describe()}")
             else:
                 ports[name] = got
-        self.ports = ports
-        self.error_rates.observe(self.clock(), hw.error_window, ports)
+        self.store.ports = ports
+        self.store.error_rates.observe(self.clock(), hw.error_window, ports)
         self.timings["ports"] = time.perf_counter() - started
+
+    def facts(self, overrides: Mapping[str, tuple[str, str]] | None = None) -> Facts:
+        """This pass's facts, frozen for the judgement."""
+        cfg, store = self.cfg, self.store
+        observations = {n: o for n, o in store.observations.items() if n in self.rails}
+        return Facts(
+            now=self.clock(),
+            gid=gid_finding(cfg, store.gid_table, self.pins, store.qps, store.rail_seen),
+            gid_source=store.gid_table.source,
+            observations=observations,
+            drift={n: rail_drift(cfg, self.rails[n], o) for n, o in observations.items()},
+            overrides=dict(overrides or {}), pins=dict(self.pins),
+            device_plugin=store.device_plugin, plugin_seen_ready=store.plugin_seen_ready,
+            lustre=store.lustre, counters=dict(store.counters), traffic=store.traffic,
+            ports=dict(store.ports), error_rates=store.error_rates,
+            custom_results=dict(store.custom_results),
+            transport_results=dict(store.transport_results),
+            transport_skipped=dict(store.transport_skipped), labels=dict(store.labels))
 
     def judge(
         self,
@@ -457,52 +447,40 @@ class Evaluator:
         overrides: Mapping[str, tuple[str, str]] | None = None,
         facts: Iterable[str] = (),
     ) -> Report:
-        """Findings for every rail from the latest observations, reading nothing.
+        """The report from the latest observations, reading nothing; the GID verdict is
+        kept for the re-pin and the transport probe.
 
         `overrides` carries the daemon's time-based verdicts (LinkFlapping,
         ManagedElsewhere) into RoCENetworkReady; `facts` the problems observe_facts met.
         """
         repairs = repairs or Repairs()
-        drift = {
-            n: rail_drift(self.cfg, self.rails[n], obs)
-            for n, obs in self.observations.items()
-            if n in self.rails
-        }
-        report = self._report(drift, overrides, [*repairs.errors, *facts])
-        report.actions = repairs.texts()
+        judged = self.facts(overrides)
+        report = judge_pass(self.cfg, judged, [*repairs.errors, *facts, *self.keeper.problems],
+                            repairs.texts())
+        self.gid_verdict = judged.gid
+        self.repins.settled(judged.gid.shifts)
         return report
 
     def keep_learned_pins(self, report: Report) -> None:
         """Pins the latest judgement learned are kept, and saved unless this is a check.
-        Retried every pass until the save lands: a pin lost to a full disk would let a
-        restart learn a shifted GID as the new pin."""
-        verdict = self.gid_verdict
-        if verdict is not None and verdict.learned:
-            self.pins.update(verdict.learned)
-            self._pins_unsaved = True
-        if self._pins_unsaved and self.persist_pins:
-            try:
-                save_pins(self.cfg, self.pins)
-            except OSError as exc:
-                report.errors.append(f"cannot save learned GID pins in {self.cfg.state_dir} "
-                                     f"(retried every pass): {describe_error(exc)}")
-            else:
-                self._pins_unsaved = False
-                self.state_problems = []
+        Retried every pass until the save lands."""
+        failed = self.keeper.keep(self.gid_verdict)
+        if failed:
+            report.errors.append(failed)
 
     def _rail_port(self, rail: Rail) -> tuple[str | None, int]:
         """The RDMA device and port a rail uses: configured, else where its GIDs were last
         seen, even if they are gone now (None while they have never been seen)."""
         if rail.rdma_device:
             return rail.rdma_device, rail.rdma_port
-        return self.rail_seen.get(rail.name, (None, 1))
+        return self.store.rail_seen.get(rail.name, (None, 1))
 
     def watched_slots(self) -> set[tuple[str, int, int]]:
         """The GID slots worth watching between passes: each rail's pinned index and the
         index its IPv4 RoCE v2 GID was last seen at, on its device."""
         slots = set()
         for rail in self.cfg.rails:
-            found = ipv4_v2_entries(rail, self.gid_table)
+            found = ipv4_v2_entries(rail, self.store.gid_table)
             if found:
                 slots.add((found[0].device, found[0].port, found[0].index))
             pin = pin_for(rail, self.pins)
@@ -521,94 +499,33 @@ class Evaluator:
         (not seen yet, or gone from where they were): then every device is read."""
         devices = set()
         for rail in self.cfg.rails:
-            entries = rail_entries(rail, self.gid_table)
+            entries = rail_entries(rail, self.store.gid_table)
             if not rail.rdma_device and not entries:
                 return None
             devices.add(rail.rdma_device or entries[0].device)
         return sorted(devices)
 
-    def _report(
-        self,
-        drift: Mapping[str, list[Drift]],
-        overrides: Mapping[str, tuple[str, str]] | None,
-        errors: list[str],
-    ) -> Report:
-        cfg = self.cfg
-        net = network_finding(cfg, drift, overrides)
-        verdict = gid_finding(cfg, self.gid_table, self.pins, self.qps, self.rail_seen)
-        self.gid_verdict = verdict
-        for name in list(self._repin_attempts):
-            if name not in verdict.shifts:
-                del self._repin_attempts[name]  # back on its pin: start afresh next time
-        errors.extend(self.state_problems)
-        plugin = device_plugin_finding(cfg, self.device_plugin, self.plugin_seen_ready)
-        parts = [net, verdict.finding, plugin, lustre_finding(cfg, self.lustre)]
-        # Reported only when configured: an agent upgraded before the admission policy that
-        # allows the new types still publishes everything else.
-        extra, gated = [], list(parts)
-        if cfg.hardware is not None:
-            extra.append(hardware_finding(cfg, self.ports, self.error_rates))
-            if cfg.hardware.gate:
-                gated.append(extra[-1])
-        if cfg.custom_checks is not None:
-            extra.append(custom_finding(cfg, self.custom_results))
-            if cfg.custom_checks.gate:
-                gated.append(extra[-1])
-        if cfg.transport is not None:
-            extra.append(transport_finding(cfg, self.transport_results,
-                                           self.transport_skipped, self.clock()))
-            if cfg.transport.gate:
-                gated.append(extra[-1])
-        traffic = self._traffic()
-        if cfg.fabric_traffic and cfg.fabric_traffic.gate:
-            gated.append(traffic)
-        findings = [*parts, fabric_finding(gated), traffic, *extra]
-        rails = []
-        for rail in cfg.rails:
-            obs = self.observations.get(rail.name)
-            pin = (
-                rail.gid_index
-                if rail.gid_index is not None
-                else (self.pins[rail.name].index if rail.name in self.pins else None)
-            )
-            link = obs.link if obs else None
-            rails.append(RailStatus(
-                name=rail.name, interface=rail.interface,
-                carrier=link.carrier if link else None, mtu=link.mtu if link else None,
-                drift=tuple(d.message for d in drift.get(rail.name, [])),
-                gid_index=verdict.observed.get(rail.name), gid_index_pinned=pin,
-                counters=self.counters.get(rail.name), port=self.ports.get(rail.name),
-                transport=self.transport_results.get(rail.name)))
-        return Report(
-            node=cfg.resolved_node_name(),
-            findings=findings,
-            errors=errors,
-            gid_source=self.gid_table.source,
-            rails=rails,
-            labels=dict(self._labels),
-        )
-
     def _fingerprint(self, errors: list[str]) -> None:
         """The hardware labels. Hardware does not change between an event and its repair:
         read at most once per resync interval, or when the rails' devices change. A read
         that does not return keeps the labels already known."""
-        devices = tuple(sorted({c.rdma_device for c in self.counters.values()
+        devices = tuple(sorted({c.rdma_device for c in self.store.counters.values()
                                 if c.rdma_device}))
         now = self.clock()
-        if devices != self._labels_key or now >= self._labels_next:
+        if devices != self.due.labels_key or now >= self.due.labels_at:
             netdevs = [r.interface for r in self.cfg.rails]
             seen = self.reads.one("hardware fingerprint", functools.partial(
                 read_fingerprint, self.cfg.paths.sysfs, list(devices), netdevs))
             if isinstance(seen, Stuck):
                 errors.append(seen.describe())
                 return
-            self._labels = fingerprint_labels(seen)
-            self._labels_key, self._labels_next = devices, now + self.cfg.resync_interval
+            self.store.labels = fingerprint_labels(seen)
+            self.due.labels_key, self.due.labels_at = devices, now + self.cfg.resync_interval
 
     def _sample_counters(self, errors: list[str]) -> None:
         """Every rail's byte counters, into the traffic history. A rail whose counters do
         not answer keeps no sample (its verdict waits)."""
-        cfg = self.cfg
+        cfg, store = self.cfg, self.store
         started = time.perf_counter()
         calls = {}
         for rail in cfg.rails:
@@ -618,33 +535,9 @@ class Evaluator:
         for rail, got in zip(cfg.rails, self.reads.run(calls).values(), strict=True):
             if isinstance(got, Stuck):
                 errors.append(f"{rail.label}: counters {got.describe()}")
-                self.counters.pop(rail.name, None)
+                store.counters.pop(rail.name, None)
             else:
-                self.counters[rail.name] = got
+                store.counters[rail.name] = got
         self.timings["counters"] = time.perf_counter() - started
         if cfg.fabric_traffic is not None:
-            self.traffic.observe(self.clock(), cfg.fabric_traffic.window, self.counters)
-
-    def _traffic(self) -> Finding:
-        """FabricTrafficOnRDMA from the traffic history and the node's pods."""
-        cfg = self.cfg
-        now = self.clock()
-        ft = cfg.fabric_traffic
-        if ft is None:
-            return traffic_finding(cfg, self.traffic, now, self.counters, None, "")
-        expected: bool | None
-        if ft.expect != "pods":
-            expected, why = ft.expect == "always", f"fabric_traffic.expect is {ft.expect}"
-        elif self.device_plugin is None or self.device_plugin.error:
-            expected, why = None, ("the node's pods are not known (expect: pods needs the "
-                                   "kubernetes and device_plugin sections)")
-        else:
-            resources = {*ft.pod_resources,
-                         *([cfg.device_plugin.resource] if cfg.device_plugin else [])}
-            users = fabric_consumers(self.device_plugin.node_pods, resources)
-            expected = bool(users)
-            why = (f"pods here request {', '.join(sorted(resources))}: "
-                   f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}" if users
-                   else "no pod here requests " + ", ".join(sorted(resources)))
-        return traffic_finding(cfg, self.traffic, now, self.counters, expected, why)
-
+            store.traffic.observe(self.clock(), cfg.fabric_traffic.window, store.counters)

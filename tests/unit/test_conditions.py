@@ -1,5 +1,5 @@
-"""The condition contract: one fold from problems to a Finding, and GID problems that name
-the rail's own device."""
+"""The condition contract: one fold from problems to a Finding, a registry of conditions
+judged from frozen facts, and GID problems that name the rail's own device."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nodeagent.checks.conditions import CONDITIONS, judge_all, judge_pass
+from nodeagent.checks.facts import Facts
 from nodeagent.checks.gid import gid_finding
 from nodeagent.config import parse_config
-from nodeagent.model import Problem, Problems
+from nodeagent.model import FABRIC_READY, Pin, Problem, Problems
 from nodeagent.probes.gid import read_sysfs
+from nodeagent.run.store import FactStore
 from tests.kit.helpers import make_gid_tree, roce_entries
 
 problem = st.builds(Problem, reason=st.sampled_from(["A", "B", "C"]),
@@ -88,3 +91,44 @@ def test_a_rail_whose_gids_vanished_is_judged_on_the_device_they_were_on(
     assert "from mlx5_1" in got.message and "hfi1_0" not in got.message, got
     unseen = gid_finding(cfg, read_sysfs(tmp_path), {}).finding  # never seen: any device's
     assert (unseen.status, unseen.reason) == ("Unknown", "GIDTableUnreadable"), unseen
+
+
+def test_judging_the_same_facts_twice_gives_the_same_report(tmp_path: Path) -> None:
+    """Judgement reads nothing and changes nothing: the same Facts, the same report."""
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("r0", "10.10.0.5"))
+    make_gid_tree(tmp_path, "mlx5_1", roce_entries("r1", "10.11.0.5", ipv4_index=6))
+    cfg = two_rails(tmp_path, hardware={}, transport={})
+    table = read_sysfs(tmp_path)
+    facts = Facts(now=100.0, gid=gid_finding(cfg, table, {}), gid_source=table.source,
+                  pins={"rail0": Pin(3, "mlx5_0", 1, learned=True)})
+    first, second = judge_pass(cfg, facts), judge_pass(cfg, facts)
+    assert first.as_dict() == second.as_dict()
+    types = [f.type for f in first.findings]
+    assert types == [c.type for c in CONDITIONS if c.type in types]
+    assert "RDMAHardwareHealthy" in types and "CustomChecksPassed" not in types
+    fabric = next(f for f in first.findings if f.type == FABRIC_READY)
+    assert (fabric.status, fabric.reason) == ("False", "GIDIndexShifted"), fabric
+
+
+def test_fabric_ready_is_over_the_gated_conditions_only(tmp_path: Path) -> None:
+    """transport.gate off: a transport never verified leaves FabricReady alone."""
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("r0", "10.10.0.5"))
+    cfg = parse_config({"paths": {"sysfs": str(tmp_path)}, "gid_source": "sysfs",
+                        "transport": {"gate": False}, "rails": [
+                            {"name": "rail0", "interface": "r0", "address": "10.10.0.5/24",
+                             "rdma_device": "mlx5_0", "gid_index": 3}]})
+    table = read_sysfs(tmp_path)
+    findings = {f.type: f for f in judge_all(cfg, Facts(now=0.0, gid=gid_finding(cfg, table, {})))}
+    assert findings["RDMATransportVerified"].status == "Unknown"
+    assert findings[FABRIC_READY].reason != "TransportNotVerified"
+    assert "RDMATransportVerified" not in findings[FABRIC_READY].message
+
+
+def test_a_reload_forgets_what_it_saw_of_a_changed_rail_only(tmp_path: Path) -> None:
+    cfg = two_rails(tmp_path)
+    store = FactStore(rail_seen={"rail0": ("mlx5_0", 1), "rail1": ("mlx5_1", 1)},
+                      transport_skipped={"rail0": "no pin", "rail1": "no pin"})
+    changed = cfg.rails[1].model_copy(update={"interface": "r9"})
+    store.keep_rails([cfg.rails[0], changed], cfg.rails)
+    assert store.rail_seen == {"rail0": ("mlx5_0", 1)}
+    assert store.transport_skipped == {"rail0": "no pin"}

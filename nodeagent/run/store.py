@@ -1,0 +1,127 @@
+"""What the daemon remembers between passes, in three small objects with one job each.
+
+`FactStore`: the latest of every fact (the rails' netlink state, the GID table, what each
+source last reported, the counter histories) and the read workers. One per daemon life: a
+reload keeps it whole, and forgets only what belonged to rails that changed.
+`PinKeeper`: the learned GID pins, saved until a save lands.
+`RepinSchedule`: when a shifted rail may be re-pinned again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nodeagent.checks.gid import GidVerdict
+from nodeagent.checks.port_health import ErrorRates
+from nodeagent.checks.traffic import TrafficTracker
+from nodeagent.config import Config, Rail
+from nodeagent.io.bounded import BoundedReads
+from nodeagent.io.files import describe_error
+from nodeagent.model import (
+    CustomCheckResult,
+    DevicePluginObservation,
+    GidTable,
+    LustreObservation,
+    Pin,
+    PortHealth,
+    QueuePairs,
+    RailCounters,
+    RailObservation,
+    TransportResult,
+)
+from nodeagent.run.work import TransportSeen
+from nodeagent.state import load_pins, save_pins
+
+
+@dataclass
+class FactStore:
+    observations: dict[str, RailObservation] = field(default_factory=dict)
+    gid_table: GidTable = field(default_factory=lambda: GidTable(source="none"))
+    # rail -> the RDMA device and port its GIDs were last seen on: while they are gone (a
+    # table rewritten, an address away) the rail's slots stay watched and its device read.
+    rail_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
+    qps: QueuePairs | None = None  # looked at only while a GID is shifted
+    lustre: LustreObservation | None = None  # set by whoever probes the mounts
+    device_plugin: DevicePluginObservation | None = None  # likewise, the plugin
+    plugin_seen_ready: frozenset[str] = frozenset()  # pod UIDs once seen Ready
+    counters: dict[str, RailCounters] = field(default_factory=dict)
+    traffic: TrafficTracker = field(default_factory=TrafficTracker)  # kernel vs RDMA bytes
+    ports: dict[str, PortHealth] = field(default_factory=dict)  # with a hardware section
+    error_rates: ErrorRates = field(default_factory=ErrorRates)
+    custom_results: dict[str, CustomCheckResult] = field(default_factory=dict)  # by check
+    transport_results: dict[str, TransportResult] = field(default_factory=dict)  # by rail
+    transport_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
+    labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
+    reads: BoundedReads = field(default_factory=BoundedReads)  # driver reads off-thread
+
+    def keep_rails(self, rails: Iterable[Rail], before: Iterable[Rail]) -> None:
+        """After a reload: what was seen of a rail whose config changed (or that is gone)
+        is forgotten, so it is never reported under the new config; the rest is kept."""
+        now = list(rails)
+        same = {r.name for r in before if r in now}
+        for facts in (self.observations, self.rail_seen, self.counters, self.ports,
+                      self.transport_results, self.transport_skipped):
+            for name in [n for n in facts if n not in same]:
+                del facts[name]
+
+    def observe_transport(self, seen: TransportSeen) -> None:
+        """A round of transport probes: a skipped rail forgets its last result."""
+        self.transport_results.update(seen.results)
+        self.transport_skipped = dict(seen.skipped)
+        for rail in seen.skipped:
+            self.transport_results.pop(rail, None)
+
+
+class PinKeeper:
+    """The learned GID pins: loaded once (a bad file set aside and reported), and saved
+    every pass until the save lands. A pin lost to a full disk would let a restart learn a
+    shifted GID as the new pin."""
+
+    def __init__(self, cfg: Config, persist: bool) -> None:
+        self.cfg = cfg
+        self.persist = persist
+        loaded = load_pins(cfg, set_aside=persist)
+        self.pins: dict[str, Pin] = loaded.pins
+        self.problems = loaded.problems  # reported until the pins are saved anew
+        self._unsaved = False
+
+    def keep(self, verdict: GidVerdict | None) -> str | None:
+        """Keep what the latest judgement learned; save unless this is a check. Returns
+        why the save failed (it is tried again next pass)."""
+        if verdict is not None and verdict.learned:
+            self.pins.update(verdict.learned)
+            self._unsaved = True
+        if self._unsaved and self.persist:
+            try:
+                save_pins(self.cfg, self.pins)
+            except OSError as exc:
+                return (f"cannot save learned GID pins in {self.cfg.state_dir} "
+                        f"(retried every pass): {describe_error(exc)}")
+            self._unsaved = False
+            self.problems = []
+        return None
+
+
+@dataclass
+class RepinSchedule:
+    """A rail still shifted after a re-pin waits twice as long before the next
+    (gid_repin_poll, doubling up to 128x): something the QP list does not show holds the
+    slot, and the rail's address must not blink every few seconds."""
+
+    next_at: dict[str, float] = field(default_factory=dict)  # rail -> earliest next attempt
+    attempts: dict[str, int] = field(default_factory=dict)  # rail -> attempts while shifted
+
+    def due(self, rail: str, now: float) -> bool:
+        return now >= self.next_at.get(rail, 0.0)
+
+    def attempted(self, rail: str, now: float, poll: float) -> None:
+        n = self.attempts.get(rail, 0)
+        self.attempts[rail] = n + 1
+        self.next_at[rail] = now + poll * 2 ** min(n, 7)
+
+    def settled(self, shifted: Iterable[str]) -> None:
+        """Rails back on their pin start afresh next time."""
+        still = set(shifted)
+        for name in [n for n in self.attempts if n not in still]:
+            del self.attempts[name]
