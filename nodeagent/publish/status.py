@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import math
 import os
 import stat
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.io.files import STATUS_MAX, parse_json_state, read_text_bounded, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
 LOCK_FILE = "daemon.lock"
@@ -53,6 +56,25 @@ class DaemonLock:
     def __init__(self, runtime_dir: Path) -> None:
         self.path = Path(runtime_dir) / LOCK_FILE
         self.fd: int | None = None
+        self.problem: str | None = None  # why the path could not be locked again
+
+    def keep(self) -> bool:
+        """reassert() for every pass. False when another daemon holds the file at the path
+        now (this one must stop). A file the agent may not write there is logged once and
+        kept in `problem` (for the status file); the lock already held stays."""
+        try:
+            self.reassert()
+        except AlreadyRunning as exc:
+            log.error("stopping: %s", exc)
+            return False
+        except OSError as exc:
+            problem = f"cannot lock {self.path} again: {exc.strerror or exc}"
+            if problem != self.problem:
+                log.error("%s (the lock already held is kept)", problem)
+            self.problem = problem
+            return True
+        self.problem = None
+        return True
 
     def acquire(self) -> None:
         self.fd = self._acquire()

@@ -30,7 +30,7 @@ from nodeagent.model import (
     RailObservation,
     TransportResult,
 )
-from nodeagent.run.work import TransportSeen
+from nodeagent.run.work import CustomChecksSeen, LustreSeen, PluginSeen, TransportSeen
 from nodeagent.state import load_pins, save_pins
 
 
@@ -64,6 +64,18 @@ class FactStore:
                       self.transport_results, self.transport_skipped):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
+
+    def deliver(self, item: LustreSeen | PluginSeen | CustomChecksSeen | TransportSeen) -> None:
+        """A source's observation, kept as the latest of its kind."""
+        match item:
+            case LustreSeen():
+                self.lustre = item.observation
+            case PluginSeen():
+                self.device_plugin, self.plugin_seen_ready = item.observation, item.seen_ready
+            case CustomChecksSeen():
+                self.custom_results = item.results
+            case TransportSeen():
+                self.observe_transport(item)
 
     def observe_transport(self, seen: TransportSeen) -> None:
         """A round of transport probes: a skipped rail forgets its last result."""

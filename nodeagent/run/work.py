@@ -11,7 +11,9 @@ waits on a source's read: it only judges, repairs and publishes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,3 +109,39 @@ class Reloaded:
 Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | CustomChecksSeen
         | TransportSeen | NodeChanged | StopAsked | ReloadAsked | Reloaded)
 Deliver = Callable[[Work], None]
+
+
+class Inbox:
+    """The loop's queue. What the loop takes off it during a pass (take_all, to repair a
+    deletion at once) is handed back (put_back) and comes out first, in arrival order, with
+    whether its repair ran already."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Work] = queue.SimpleQueue()
+        self._taken: deque[tuple[Work, bool]] = deque()
+
+    def put(self, item: Work) -> None:
+        self._queue.put(item)
+
+    def empty(self) -> bool:
+        return self._queue.empty()
+
+    def take_all(self) -> Iterator[Work]:
+        while True:
+            try:
+                yield self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def put_back(self, item: Work, repaired: bool) -> None:
+        self._taken.append((item, repaired))
+
+    def next(self, timeout: float) -> tuple[Work, bool] | None:
+        """The next work (waiting at most `timeout`), with whether its repair ran already."""
+        if self._taken:
+            return self._taken.popleft()
+        try:
+            item = self._queue.get(block=timeout > 0, timeout=timeout or None)
+        except queue.Empty:
+            return None
+        return item, False

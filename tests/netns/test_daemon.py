@@ -552,6 +552,28 @@ def test_a_deleted_lock_file_is_taken_again_so_no_second_daemon_starts(
     stop_cleanly(first)
 
 
+def test_a_lock_replaced_by_a_hard_link_is_said_in_the_status_and_left_alone(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """daemon.lock swapped for a hard link to a file elsewhere while the daemon runs: it
+    keeps the lock it holds, writes nothing through the link, and says so in the status
+    file's errors at every pass (before: one log line, nothing in the status)."""
+    cfg = tmp_path / "c.yaml"
+    proc = start(rails_ns, daemon_config, cfg)
+    lock = Path(daemon_config["runtime_dir"]) / "daemon.lock"
+    elsewhere = tmp_path / "precious"
+    elsewhere.write_text("not yours\n")
+    lock.unlink()
+    os.link(elsewhere, lock)
+    rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")  # a pass (resync is 1 h)
+    want = f"cannot lock {lock} again: it has 2 links: refusing to write through it"
+    wait_for(lambda: want in (status_of(daemon_config) or {}).get("errors", []),
+             what="the refused lock in the status file's errors")
+    assert elsewhere.read_text() == "not yours\n"
+    assert proc.poll() is None
+    stop_cleanly(proc)
+
+
 def _caught(pid: int, signum: int) -> bool:
     """Whether the process has a handler for `signum` (SigCgt in /proc/<pid>/status)."""
     try:

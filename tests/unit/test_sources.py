@@ -45,7 +45,7 @@ def test_work_taken_during_a_pass_reaches_the_loop_in_order() -> None:
     agent.take_urgent()
     assert agent.work.empty()
     agent.work.put(NodeChanged())  # arrives after the pass: after what was taken
-    got = [agent._next(0.0) for _ in range(5)]
+    got = [agent.work.next(0.0) for _ in range(5)]
     assert [type(g[0]).__name__ if g else None for g in got] == [
         "NodeChanged", "NetlinkEvent", "StopAsked", "NodeChanged", None]
     assert all(g is None or g[1] is False for g in got), "nothing here was a deletion"

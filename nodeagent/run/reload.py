@@ -1,0 +1,87 @@
+"""SIGHUP: the config read and validated on a thread of its own.
+
+A config on a filesystem that does not answer must not stop the repairs: the loop goes on
+and applies the result when it is delivered (`Reloaded`). One read at a time; a read still
+going after RELOAD_SLOW is said in the status file.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from nodeagent.config import Config, ConfigError
+from nodeagent.run.work import Deliver, NodeChanged, Reloaded
+
+log = logging.getLogger(__name__)
+
+RELOAD_SLOW = 5.0  # a SIGHUP reload still reading the config after this is reported
+
+
+class ConfigReloader:
+    def __init__(self, load: Callable[[], Config], deliver: Deliver) -> None:
+        self._load = load
+        self._deliver = deliver
+        self._loader: threading.Thread | None = None
+        self._started = 0.0
+        self.error: str | None = None  # why the last SIGHUP kept the old config
+
+    def _reading_for(self) -> float | None:
+        if self._loader is None or not self._loader.is_alive():
+            return None
+        return time.monotonic() - self._started
+
+    def start(self) -> None:
+        reading = self._reading_for()
+        if reading is not None:
+            self.error = f"a reload has been reading the config for {reading:.0f}s"
+            log.error("reload ignored: %s", self.error)
+            return
+
+        def load() -> None:
+            try:
+                self._deliver(Reloaded(self._load()))
+            except Exception as exc:  # handed to the loop: a failed reload is never a crash
+                self._deliver(Reloaded(None, exc))
+
+        self._started = time.monotonic()
+        self._loader = threading.Thread(target=load, name="config-reload", daemon=True)
+        self._loader.start()
+        # Still reading then: the status file says so without waiting for a pass.
+        check = threading.Timer(RELOAD_SLOW + 0.1, lambda: self._deliver(NodeChanged()))
+        check.daemon = True
+        check.start()
+
+    def accepted(self, got: Reloaded) -> Config | None:
+        """The config a finished read brought, or None (logged, and kept as the error)."""
+        exc = got.error
+        if isinstance(exc, ConfigError):
+            for line in exc.problems:
+                log.error("reload rejected, keeping the last good config: %s", line)
+            self.error = "; ".join(exc.problems)[:1000]
+            return None
+        if exc is not None or got.cfg is None:  # anything else the loader met: no crash
+            log.error("reload rejected, keeping the last good config: %s: %s",
+                      type(exc).__name__, exc)
+            self.error = f"{type(exc).__name__}: {exc}"[:1000]
+            return None
+        return got.cfg
+
+    def not_applied(self, err: Exception) -> None:
+        log.error("reload could not be applied, keeping the last good config: %s: %s",
+                  type(err).__name__, err)
+        self.error = f"cannot apply: {type(err).__name__}: {err}"[:1000]
+
+    def applied(self, cfg: Config) -> None:
+        self.error = None
+        log.info("config reloaded: %d rail(s)", len(cfg.rails))
+
+    def status_error(self) -> str | None:
+        """What the status file says of reloads: the last one's failure, or a read that
+        is taking too long."""
+        reading = self._reading_for()
+        if reading is not None and reading > RELOAD_SLOW:
+            self.error = f"a reload has been reading the config for {reading:.0f}s"
+        return self.error

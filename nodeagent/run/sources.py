@@ -1,0 +1,119 @@
+"""The daemon's sources and outputs, each made from its config section by one factory.
+
+Every source follows the contract in run/work.py (`start`, `stop`, `deliver`). A section
+added by a reload starts its source then; a reload hands the new config to the running
+ones; at the end they stop in the order they started.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nodeagent.config import Config
+from nodeagent.publish.publisher import Publisher
+from nodeagent.run.custom import CustomChecksMonitor
+from nodeagent.run.gidwatch import GidSlotWatcher
+from nodeagent.run.lustre import LustreMonitor
+from nodeagent.run.netlink import NetlinkMonitor
+from nodeagent.run.transport import TransportMonitor
+from nodeagent.run.work import Deliver, NodeChanged, Source
+
+if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
+    from nodeagent.publish.metrics import AgentMetrics
+    from nodeagent.run.deviceplugin import DevicePluginMonitor
+
+log = logging.getLogger(__name__)
+
+
+class Sources:
+    def __init__(self, deliver: Deliver) -> None:
+        self.deliver = deliver
+        self.started: list[Source] = []  # stopped in this order at the end
+        self.netlink: NetlinkMonitor | None = None
+        self.gid_watcher: GidSlotWatcher | None = None
+        self.publisher: Publisher | None = None
+        self.lustre: LustreMonitor | None = None
+        self.plugin: DevicePluginMonitor | None = None
+        self.custom: CustomChecksMonitor | None = None
+        self.transport: TransportMonitor | None = None
+        self.metrics: AgentMetrics | None = None
+        self._metrics_server: Any = None
+
+    def _start(self, source: Source) -> None:
+        self.started.append(source)
+        source.start()
+
+    def start_outputs(self, cfg: Config) -> None:
+        """The metrics endpoint and the Node writer, before the first pass."""
+        self._start_metrics(cfg)
+        kcfg = cfg.kubernetes
+        if kcfg is not None:
+            from nodeagent.kube.api import api_client
+            from nodeagent.publish.kube import NodeWriter
+
+            node = cfg.resolved_node_name()
+            self.publisher = Publisher(
+                kcfg, lambda: NodeWriter(api_client(kcfg, kcfg.request_timeout), node, kcfg),
+                on_change=lambda: self.deliver(NodeChanged()))
+            self._start(self.publisher)
+
+    def start_netlink(self, cfg: Config) -> NetlinkMonitor:
+        self.netlink = NetlinkMonitor(self.deliver, cfg.netlink_rcvbuf)
+        self._start(self.netlink)
+        self.netlink.ready.wait(timeout=5.0)
+        return self.netlink
+
+    def start_missing(self, cfg: Config) -> None:
+        """Each source whose section is configured and that does not run yet."""
+        if cfg.lustre and self.lustre is None:
+            self.lustre = LustreMonitor(cfg, self.deliver)
+            self._start(self.lustre)
+        if cfg.kubernetes is not None and cfg.device_plugin is not None and self.plugin is None:
+            from nodeagent.run.deviceplugin import DevicePluginMonitor, plugin_reader
+
+            self.plugin = DevicePluginMonitor(
+                cfg, lambda wake: plugin_reader(cfg, on_change=wake), self.deliver)
+            self._start(self.plugin)
+        if cfg.custom_checks is not None and self.custom is None:
+            self.custom = CustomChecksMonitor(cfg, self.deliver)
+            self._start(self.custom)
+        if cfg.transport is not None and self.transport is None:
+            self.transport = TransportMonitor(cfg, self.deliver)
+            self._start(self.transport)
+        if cfg.rails and self.gid_watcher is None:
+            self.gid_watcher = GidSlotWatcher(cfg.paths.sysfs, self.deliver)
+            self._start(self.gid_watcher)
+
+    def reconfigure(self, cfg: Config) -> None:
+        """A reload's config to the running sources (new settings take effect now, not
+        at the next interval)."""
+        if self.lustre is not None:
+            self.lustre.cfg = cfg
+        if self.plugin is not None:
+            self.plugin.cfg = cfg
+            self.plugin.wake()
+        if self.custom is not None:
+            self.custom.cfg = cfg
+            self.custom.wake()
+        if self.transport is not None:
+            self.transport.cfg = cfg
+
+    def _start_metrics(self, cfg: Config) -> None:
+        if cfg.metrics is None:
+            return
+        from nodeagent.publish.metrics import AgentMetrics, serve
+
+        self.metrics = AgentMetrics()
+        try:
+            self._metrics_server = serve(self.metrics, cfg.metrics.listen)
+        except OSError as exc:  # port taken: the agent's real work goes on without it
+            log.error("metrics endpoint %s: %s", cfg.metrics.listen, exc)
+        else:
+            log.info("metrics on http://%s/metrics", cfg.metrics.listen)
+
+    def stop(self) -> None:
+        for source in self.started:
+            source.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
