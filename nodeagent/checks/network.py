@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from nodeagent.config import Config, Rail
 from nodeagent.model import (
@@ -17,6 +17,7 @@ from nodeagent.model import (
     Drift,
     DriftKind,
     Finding,
+    LinkState,
     Problems,
     RailObservation,
 )
@@ -65,152 +66,92 @@ def deletion_drift(rail: Rail, ifindex: int | None, gone: Deletion) -> list[Drif
     return []
 
 
+def _link_drift(rail: Rail, link: LinkState) -> Iterator[Drift]:
+    if not link.admin_up:
+        yield Drift(rail.name, DriftKind.LINK_ADMIN_DOWN,
+                    f"{rail.label}: link is administratively down", repairable=True)
+    elif not link.carrier:
+        yield Drift(rail.name, DriftKind.NO_CARRIER,
+                    f"{rail.label}: no carrier (cable, switch port or peer down)",
+                    repairable=False)
+    if rail.mtu is not None and link.mtu != rail.mtu:
+        yield Drift(rail.name, DriftKind.MTU, f"{rail.label}: MTU {link.mtu}, want {rail.mtu}",
+                    repairable=True)
+
+
+def _address_drift(rail: Rail, obs: RailObservation) -> Iterator[Drift]:
+    ours = [a for a in obs.addresses if a.family == socket.AF_INET and a.address == rail.ip]
+    if not any(a.prefixlen == rail.prefixlen for a in ours):
+        yield Drift(rail.name, DriftKind.ADDRESS_MISSING,
+                    f"{rail.label}: address {rail.address} missing", repairable=True)
+    for a in ours:
+        if a.prefixlen != rail.prefixlen:
+            yield Drift(rail.name, DriftKind.ADDRESS_PREFIX,
+                        f"{rail.label}: address {a.cidr} has the wrong prefix, want "
+                        f"{rail.address}", repairable=True, detail=a.cidr)
+    if not rail.exclusive:
+        return
+    for a in obs.addresses:
+        if a.family == socket.AF_INET and a.address == rail.ip:
+            continue
+        if a.family == socket.AF_INET6 and ipaddress.IPv6Address(a.address) in _LINK_LOCAL_V6:
+            continue  # kernel-made link-local; the default GIDs do not depend on it
+        yield Drift(rail.name, DriftKind.FOREIGN_ADDRESS,
+                    f"{rail.label}: foreign address {a.cidr} on an exclusive rail",
+                    repairable=True, detail=a.cidr)
+
+
+def _route_drift(rail: Rail, link: LinkState, obs: RailObservation) -> Iterator[Drift]:
+    for dst, gateway in desired_routes(rail):
+        if not any(r.dst == dst and r.oif == link.index
+                   and (gateway is None or r.gateway == gateway) for r in obs.routes):
+            what = f"default via {gateway}" if gateway else dst
+            yield Drift(rail.name, DriftKind.ROUTE_MISSING,
+                        f"{rail.label}: route {what} missing in table {rail.table}",
+                        repairable=True, detail=dst)
+
+
+def _rule_drift(rail: Rail, obs: RailObservation) -> Iterator[Drift]:
+    if rail.table is None:
+        return
+    src = f"{rail.ip}/32"
+    mine = [r for r in obs.rules if r.src == src and r.table == rail.table]
+    want = rail.rule_priority
+    if not any(want is None or r.priority == want for r in mine):
+        pref = f" priority {want}" if want is not None else ""
+        yield Drift(rail.name, DriftKind.RULE_MISSING,
+                    f"{rail.label}: rule 'from {rail.ip} lookup {rail.table}'{pref} missing",
+                    repairable=True)
+    for r in mine:
+        if want is not None and r.priority != want:
+            yield Drift(rail.name, DriftKind.RULE_STALE,
+                        f"{rail.label}: rule 'from {rail.ip} lookup {rail.table}' at "
+                        f"priority {r.priority}, want {want}",
+                        repairable=True, detail=str(r.priority))
+
+
+def _sysctl_drift(cfg: Config, rail: Rail, obs: RailObservation) -> Iterator[Drift]:
+    for key, want in sorted(cfg.sysctls_for(rail).items()):
+        have = obs.sysctls.get(key)
+        if have is None:
+            yield Drift(rail.name, DriftKind.SYSCTL, f"{rail.label}: sysctl {key} unreadable",
+                        repairable=False, detail=key)
+        elif have != str(want):
+            yield Drift(rail.name, DriftKind.SYSCTL,
+                        f"{rail.label}: sysctl {key}={have}, want {want}",
+                        repairable=True, detail=key)
+
+
 def rail_drift(cfg: Config, rail: Rail, obs: RailObservation) -> list[Drift]:
     """Every difference between one rail's config and what the kernel has, worst first."""
     link = obs.link
     if link is None:
-        return [
-            Drift(
-                rail.name,
-                DriftKind.INTERFACE_MISSING,
-                f"{rail.label}: interface does not exist",
-                repairable=False,
-            )
-        ]
-    drift: list[Drift] = []
-    if not link.admin_up:
-        drift.append(
-            Drift(
-                rail.name,
-                DriftKind.LINK_ADMIN_DOWN,
-                f"{rail.label}: link is administratively down",
-                repairable=True,
-            )
-        )
-    elif not link.carrier:
-        drift.append(
-            Drift(
-                rail.name,
-                DriftKind.NO_CARRIER,
-                f"{rail.label}: no carrier (cable, switch port or peer down)",
-                repairable=False,
-            )
-        )
-
-    ours = [a for a in obs.addresses if a.family == socket.AF_INET and a.address == rail.ip]
-    if not any(a.prefixlen == rail.prefixlen for a in ours):
-        drift.append(
-            Drift(
-                rail.name,
-                DriftKind.ADDRESS_MISSING,
-                f"{rail.label}: address {rail.address} missing",
-                repairable=True,
-            )
-        )
-    for a in ours:
-        if a.prefixlen != rail.prefixlen:
-            drift.append(
-                Drift(
-                    rail.name,
-                    DriftKind.ADDRESS_PREFIX,
-                    f"{rail.label}: address {a.cidr} has the wrong prefix, want {rail.address}",
-                    repairable=True,
-                    detail=a.cidr,
-                )
-            )
-
-    if rail.mtu is not None and link.mtu != rail.mtu:
-        drift.append(
-            Drift(
-                rail.name,
-                DriftKind.MTU,
-                f"{rail.label}: MTU {link.mtu}, want {rail.mtu}",
-                repairable=True,
-            )
-        )
-
-    for dst, gateway in desired_routes(rail):
-        if not any(
-            r.dst == dst and r.oif == link.index and (gateway is None or r.gateway == gateway)
-            for r in obs.routes
-        ):
-            what = f"default via {gateway}" if gateway else dst
-            drift.append(
-                Drift(
-                    rail.name,
-                    DriftKind.ROUTE_MISSING,
-                    f"{rail.label}: route {what} missing in table {rail.table}",
-                    repairable=True,
-                    detail=dst,
-                )
-            )
-
-    if rail.table is not None:
-        src = f"{rail.ip}/32"
-        mine = [r for r in obs.rules if r.src == src and r.table == rail.table]
-        want = rail.rule_priority
-        if not any(want is None or r.priority == want for r in mine):
-            pref = f" priority {want}" if want is not None else ""
-            drift.append(
-                Drift(
-                    rail.name,
-                    DriftKind.RULE_MISSING,
-                    f"{rail.label}: rule 'from {rail.ip} lookup {rail.table}'{pref} missing",
-                    repairable=True,
-                )
-            )
-        for r in mine:
-            if want is not None and r.priority != want:
-                drift.append(
-                    Drift(
-                        rail.name,
-                        DriftKind.RULE_STALE,
-                        f"{rail.label}: rule 'from {rail.ip} lookup {rail.table}' at "
-                        f"priority {r.priority}, want {want}",
-                        repairable=True,
-                        detail=str(r.priority),
-                    )
-                )
-
-    for key, want_value in sorted(cfg.sysctls_for(rail).items()):
-        have = obs.sysctls.get(key)
-        if have is None:
-            drift.append(
-                Drift(
-                    rail.name,
-                    DriftKind.SYSCTL,
-                    f"{rail.label}: sysctl {key} unreadable",
-                    repairable=False,
-                    detail=key,
-                )
-            )
-        elif have != str(want_value):
-            drift.append(
-                Drift(
-                    rail.name,
-                    DriftKind.SYSCTL,
-                    f"{rail.label}: sysctl {key}={have}, want {want_value}",
-                    repairable=True,
-                    detail=key,
-                )
-            )
-
-    if rail.exclusive:
-        for a in obs.addresses:
-            if a.family == socket.AF_INET and a.address == rail.ip:
-                continue
-            if a.family == socket.AF_INET6 and ipaddress.IPv6Address(a.address) in _LINK_LOCAL_V6:
-                continue  # kernel-made link-local; the default GIDs do not depend on it
-            drift.append(
-                Drift(
-                    rail.name,
-                    DriftKind.FOREIGN_ADDRESS,
-                    f"{rail.label}: foreign address {a.cidr} on an exclusive rail",
-                    repairable=True,
-                    detail=a.cidr,
-                )
-            )
-    drift.sort(key=lambda d: DRIFT_ORDER[d.kind])
+        return [Drift(rail.name, DriftKind.INTERFACE_MISSING,
+                      f"{rail.label}: interface does not exist", repairable=False)]
+    drift = [*_link_drift(rail, link), *_address_drift(rail, obs),
+             *_route_drift(rail, link, obs), *_rule_drift(rail, obs),
+             *_sysctl_drift(cfg, rail, obs)]
+    drift.sort(key=lambda d: DRIFT_ORDER[d.kind])  # stable: same kinds keep their order
     return drift
 
 

@@ -16,19 +16,19 @@ from typing import Any
 
 from nodeagent.config import Rail
 from nodeagent.model import DriftKind, GidShift
-from nodeagent.remedies.network import Action, addr_args, execute
+from nodeagent.remedies.network import Action, AddAddress, Addr, RemoveAddress, execute
 
 
 def plan_repin(rail: Rail, ifindex: int | None, shift: GidShift) -> list[Action]:
     if ifindex is None:
         return []
-    args = {"index": ifindex, **addr_args(rail.address)}
+    addr = Addr.of(ifindex, rail.address)
     why = f"GID index {shift.index} back to {shift.pinned} on {shift.device} port {shift.port}"
     return [
-        Action(rail.name, DriftKind.GID_SHIFTED, "addr_del",
-               f"{rail.label}: re-pin: remove address {rail.address} ({why})", args),
-        Action(rail.name, DriftKind.GID_SHIFTED, "addr_add",
-               f"{rail.label}: re-pin: add address {rail.address}", args),
+        RemoveAddress(rail.name, DriftKind.GID_SHIFTED,
+                      f"{rail.label}: re-pin: remove address {rail.address} ({why})", addr),
+        AddAddress(rail.name, DriftKind.GID_SHIFTED,
+                   f"{rail.label}: re-pin: add address {rail.address}", addr),
     ]
 
 

@@ -10,9 +10,9 @@ import errno
 import ipaddress
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from nodeagent.config import Config, Rail, sysctl_parts
 from nodeagent.io.files import write_attribute
@@ -21,139 +21,203 @@ from nodeagent.model import Drift, DriftKind
 RT_SCOPE_LINK = 253
 RTPROT_STATIC = 4
 
-# Order in which a rail's repairs run: a route needs the link up and the address present.
-_OP_ORDER = (
-    "link_up",
-    "set_mtu",
-    "sysctl",
-    "addr_add",
-    "addr_del",
-    "route",
-    "rule_add",
-    "rule_del",
-)
-
 
 @dataclass(frozen=True)
 class Action:
+    """One repair, typed by what it does. Each kind knows its place in a rail's order (a
+    route needs the link up and the address present), how it runs, and which error means
+    someone else did it between the probe and now."""
+
     rail: str
     kind: DriftKind
-    op: str
     text: str  # what `apply` reports and `--dry-run` prints
-    args: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    ORDER: ClassVar[int] = 0
+    ALREADY_DONE: ClassVar[int | None] = None  # errno meaning "done already"
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        raise NotImplementedError
 
 
-def addr_args(cidr: str) -> dict[str, Any]:
-    iface = ipaddress.ip_interface(cidr)
-    family = socket.AF_INET if iface.version == 4 else socket.AF_INET6
-    return {"address": str(iface.ip), "prefixlen": iface.network.prefixlen, "family": family}
+@dataclass(frozen=True)
+class LinkUp(Action):
+    index: int
+    ORDER = 0
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        ipr.link("set", index=self.index, state="up")
+
+
+@dataclass(frozen=True)
+class SetMtu(Action):
+    index: int
+    mtu: int
+    ORDER = 1
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        ipr.link("set", index=self.index, mtu=self.mtu)
+
+
+@dataclass(frozen=True)
+class SetSysctl(Action):
+    key: str
+    value: int
+    ORDER = 2
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        write_attribute(procfs_root, sysctl_parts(rail.interface, self.key), f"{self.value}\n")
+
+
+@dataclass(frozen=True)
+class Addr:
+    """An interface address as netlink takes it."""
+
+    index: int
+    address: str
+    prefixlen: int
+    family: int
+
+    @classmethod
+    def of(cls, index: int, cidr: str) -> Addr:
+        iface = ipaddress.ip_interface(cidr)
+        family = socket.AF_INET if iface.version == 4 else socket.AF_INET6
+        return cls(index, str(iface.ip), iface.network.prefixlen, family)
+
+    def args(self) -> dict[str, Any]:
+        return {"index": self.index, "address": self.address, "prefixlen": self.prefixlen,
+                "family": self.family}
+
+
+@dataclass(frozen=True)
+class AddAddress(Action):
+    addr: Addr
+    ORDER = 3
+    ALREADY_DONE = errno.EEXIST
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        ipr.addr("add", **self.addr.args())
+
+
+@dataclass(frozen=True)
+class RemoveAddress(Action):
+    addr: Addr
+    ORDER = 4
+    ALREADY_DONE = errno.EADDRNOTAVAIL
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        ipr.addr("del", **self.addr.args())
+
+
+@dataclass(frozen=True)
+class SetRoute(Action):
+    dst: str
+    oif: int
+    table: int
+    gateway: str | None = None
+    prefsrc: str | None = None
+    ORDER = 5
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        args: dict[str, Any] = {"dst": self.dst, "oif": self.oif, "table": self.table,
+                                "proto": RTPROT_STATIC}
+        if self.gateway is not None:
+            args["gateway"] = self.gateway
+        else:  # the rail's own subnet: on the link, from the rail's address
+            args.update(prefsrc=self.prefsrc, scope=RT_SCOPE_LINK)
+        ipr.route("replace", **args)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A policy rule from the rail's address (priority None: the kernel picks it)."""
+
+    src: str
+    table: int
+    priority: int | None = None
+
+    def args(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"src": self.src, "src_len": 32, "table": self.table}
+        if self.priority is not None:
+            out["priority"] = self.priority
+        return out
+
+
+@dataclass(frozen=True)
+class AddRule(Action):
+    rule: Rule
+    ORDER = 6
+    ALREADY_DONE = errno.EEXIST
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        ipr.rule("add", **self.rule.args())
+
+
+@dataclass(frozen=True)
+class RemoveRule(Action):
+    rule: Rule
+    ORDER = 7
+    ALREADY_DONE = errno.ENOENT
+
+    def run(self, ipr: Any, procfs_root: Path, rail: Rail) -> None:
+        ipr.rule("del", **self.rule.args())
+
+
+def _route(rail: Rail, ifindex: int, d: Drift) -> Action | None:
+    if rail.table is None:
+        return None
+    label, k = rail.label, d.kind
+    if d.detail == rail.network:
+        return SetRoute(rail.name, k, f"{label}: route {rail.network} dev {rail.interface} "
+                                      f"table {rail.table}",
+                        dst=rail.network, oif=ifindex, table=rail.table, prefsrc=rail.ip)
+    return SetRoute(rail.name, k, f"{label}: route default via {rail.gateway} dev "
+                                  f"{rail.interface} table {rail.table}",
+                    dst="0.0.0.0/0", oif=ifindex, table=rail.table, gateway=rail.gateway)
+
+
+def _rule(rail: Rail, d: Drift) -> Action | None:
+    if rail.table is None:
+        return None
+    label, k = rail.label, d.kind
+    if k is DriftKind.RULE_MISSING:
+        pref = f" priority {rail.rule_priority}" if rail.rule_priority is not None else ""
+        return AddRule(rail.name, k, f"{label}: add rule from {rail.ip} lookup {rail.table}{pref}",
+                       Rule(rail.ip, rail.table, rail.rule_priority))
+    return RemoveRule(rail.name, k, f"{label}: remove rule from {rail.ip} lookup {rail.table} "
+                                    f"priority {d.detail}",
+                      Rule(rail.ip, rail.table, int(d.detail)))
+
+
+def plan_action(cfg: Config, rail: Rail, ifindex: int, d: Drift) -> Action | None:
+    """The action that repairs one drift, or None when there is none."""
+    label, k = rail.label, d.kind
+    if k is DriftKind.LINK_ADMIN_DOWN:
+        return LinkUp(rail.name, k, f"{label}: set link up", ifindex)
+    if k is DriftKind.MTU and rail.mtu is not None:
+        return SetMtu(rail.name, k, f"{label}: set mtu {rail.mtu}", ifindex, rail.mtu)
+    if k is DriftKind.SYSCTL:
+        value = cfg.sysctls_for(rail)[d.detail]
+        return SetSysctl(rail.name, k, f"{label}: set sysctl {d.detail}={value}", d.detail, value)
+    if k is DriftKind.ADDRESS_MISSING:
+        return AddAddress(rail.name, k, f"{label}: add address {rail.address}",
+                          Addr.of(ifindex, rail.address))
+    if k in (DriftKind.ADDRESS_PREFIX, DriftKind.FOREIGN_ADDRESS):
+        return RemoveAddress(rail.name, k, f"{label}: remove address {d.detail}",
+                             Addr.of(ifindex, d.detail))
+    if k is DriftKind.ROUTE_MISSING:
+        return _route(rail, ifindex, d)
+    if k in (DriftKind.RULE_MISSING, DriftKind.RULE_STALE):
+        return _rule(rail, d)
+    return None
 
 
 def plan_rail(cfg: Config, rail: Rail, ifindex: int | None, drift: Iterable[Drift]) -> list[Action]:
     """The actions that repair a rail's repairable drift, in a safe order."""
     if ifindex is None:
         return []
-    label = rail.label
-    actions: list[Action] = []
-    for d in drift:
-        if not d.repairable:
-            continue
-        k = d.kind
-        if k is DriftKind.LINK_ADMIN_DOWN:
-            actions.append(
-                Action(rail.name, k, "link_up", f"{label}: set link up", {"index": ifindex})
-            )
-        elif k is DriftKind.MTU and rail.mtu is not None:
-            actions.append(
-                Action(
-                    rail.name,
-                    k,
-                    "set_mtu",
-                    f"{label}: set mtu {rail.mtu}",
-                    {"index": ifindex, "mtu": rail.mtu},
-                )
-            )
-        elif k is DriftKind.SYSCTL:
-            value = cfg.sysctls_for(rail)[d.detail]
-            actions.append(
-                Action(
-                    rail.name,
-                    k,
-                    "sysctl",
-                    f"{label}: set sysctl {d.detail}={value}",
-                    {"key": d.detail, "value": value},
-                )
-            )
-        elif k is DriftKind.ADDRESS_MISSING:
-            actions.append(
-                Action(
-                    rail.name,
-                    k,
-                    "addr_add",
-                    f"{label}: add address {rail.address}",
-                    {"index": ifindex, **addr_args(rail.address)},
-                )
-            )
-        elif k in (DriftKind.ADDRESS_PREFIX, DriftKind.FOREIGN_ADDRESS):
-            actions.append(
-                Action(
-                    rail.name,
-                    k,
-                    "addr_del",
-                    f"{label}: remove address {d.detail}",
-                    {"index": ifindex, **addr_args(d.detail)},
-                )
-            )
-        elif k is DriftKind.ROUTE_MISSING and rail.table is not None:
-            if d.detail == rail.network:
-                args = {
-                    "dst": rail.network,
-                    "oif": ifindex,
-                    "table": rail.table,
-                    "prefsrc": rail.ip,
-                    "scope": RT_SCOPE_LINK,
-                    "proto": RTPROT_STATIC,
-                }
-                text = f"{label}: route {rail.network} dev {rail.interface} table {rail.table}"
-            else:
-                args = {
-                    "dst": "0.0.0.0/0",
-                    "gateway": rail.gateway,
-                    "oif": ifindex,
-                    "table": rail.table,
-                    "proto": RTPROT_STATIC,
-                }
-                text = (
-                    f"{label}: route default via {rail.gateway} dev {rail.interface} "
-                    f"table {rail.table}"
-                )
-            actions.append(Action(rail.name, k, "route", text, args))
-        elif k is DriftKind.RULE_MISSING and rail.table is not None:
-            args = {"src": rail.ip, "src_len": 32, "table": rail.table}
-            pref = ""
-            if rail.rule_priority is not None:
-                args["priority"] = rail.rule_priority
-                pref = f" priority {rail.rule_priority}"
-            actions.append(
-                Action(
-                    rail.name,
-                    k,
-                    "rule_add",
-                    f"{label}: add rule from {rail.ip} lookup {rail.table}{pref}",
-                    args,
-                )
-            )
-        elif k is DriftKind.RULE_STALE and rail.table is not None:
-            actions.append(
-                Action(
-                    rail.name,
-                    k,
-                    "rule_del",
-                    f"{label}: remove rule from {rail.ip} lookup {rail.table} priority {d.detail}",
-                    {"src": rail.ip, "src_len": 32, "table": rail.table, "priority": int(d.detail)},
-                )
-            )
-    actions.sort(key=lambda a: _OP_ORDER.index(a.op))
+    actions = [a for d in drift if d.repairable
+               if (a := plan_action(cfg, rail, ifindex, d)) is not None]
+    actions.sort(key=lambda a: a.ORDER)
     return actions
 
 
@@ -164,36 +228,6 @@ def _netlink_errno(exc: BaseException) -> int | None:
     return getattr(exc, "errno", None)
 
 
-def _run(ipr: Any, procfs_root: Path, rail: Rail, action: Action) -> None:
-    a = action.args
-    if action.op == "link_up":
-        ipr.link("set", index=a["index"], state="up")
-    elif action.op == "set_mtu":
-        ipr.link("set", index=a["index"], mtu=a["mtu"])
-    elif action.op == "sysctl":
-        write_attribute(procfs_root, sysctl_parts(rail.interface, a["key"]), f"{a['value']}\n")
-    elif action.op == "addr_add":
-        ipr.addr("add", **a)
-    elif action.op == "addr_del":
-        ipr.addr("del", **a)
-    elif action.op == "route":
-        ipr.route("replace", **a)
-    elif action.op == "rule_add":
-        ipr.rule("add", **a)
-    elif action.op == "rule_del":
-        ipr.rule("del", **a)
-    else:  # pragma: no cover - plan_rail only makes the ops above
-        raise ValueError(f"unknown op {action.op}")
-
-
-_ALREADY_DONE = {
-    "addr_add": errno.EEXIST,
-    "rule_add": errno.EEXIST,
-    "addr_del": errno.EADDRNOTAVAIL,
-    "rule_del": errno.ENOENT,
-}
-
-
 def execute(
     ipr: Any, procfs_root: Path, rails: dict[str, Rail], actions: Sequence[Action]
 ) -> tuple[list[Action], list[str]]:
@@ -202,9 +236,10 @@ def execute(
     errors: list[str] = []
     for action in actions:
         try:
-            _run(ipr, procfs_root, rails[action.rail], action)
+            action.run(ipr, procfs_root, rails[action.rail])
         except Exception as exc:  # NetlinkError, OSError: report it and go on with the rest
-            if _netlink_errno(exc) == _ALREADY_DONE.get(action.op):
+            code = _netlink_errno(exc)
+            if code is not None and code == action.ALREADY_DONE:
                 continue  # someone else did it between our probe and now
             errors.append(f"{action.text}: failed: {exc}")
             continue

@@ -22,6 +22,7 @@ from nodeagent.probes.gid import (
 )
 from nodeagent.probes.qp import parse_qps, read_qps
 from nodeagent.remedies.gid import plan_repin
+from nodeagent.remedies.network import AddAddress, Addr, RemoveAddress
 from tests.kit.helpers import gid_text, make_gid_tree, roce_entries
 
 
@@ -283,10 +284,10 @@ def test_shift_is_only_reported_when_repinning_is_off_or_impossible() -> None:
 def test_repin_plan_deletes_then_adds_the_rails_address() -> None:
     rail = rxe_cfg().rails[0]
     actions = plan_repin(rail, 7, GidShift("rxe0", 1, 2, 1, None))
-    assert [(a.op, a.kind) for a in actions] == [("addr_del", DriftKind.GID_SHIFTED),
-                                                 ("addr_add", DriftKind.GID_SHIFTED)]
-    assert actions[0].args == actions[1].args == {
-        "index": 7, "address": "10.10.0.5", "prefixlen": 24, "family": socket.AF_INET}
+    assert [(type(a), a.kind) for a in actions] == [(RemoveAddress, DriftKind.GID_SHIFTED),
+                                                    (AddAddress, DriftKind.GID_SHIFTED)]
+    assert isinstance(actions[0], RemoveAddress) and isinstance(actions[1], AddAddress)
+    assert actions[0].addr == actions[1].addr == Addr(7, "10.10.0.5", 24, socket.AF_INET)
     assert "GID index 2 back to 1 on rxe0 port 1" in actions[0].text
     assert plan_repin(rail, None, GidShift("rxe0", 1, 2, 1, None)) == []
 
