@@ -13,6 +13,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterable
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -280,17 +281,22 @@ class Rail(_Strict):
     def _sysctls(cls, v: dict[str, int] | None) -> dict[str, int] | None:
         return None if v is None else _check_sysctls(v)
 
-    @property
+    @cached_property
+    def interface_address(self) -> ipaddress.IPv4Interface:
+        """The address parsed once (the pass reads it for every rail, every pass)."""
+        return ipaddress.IPv4Interface(self.address)
+
+    @cached_property
     def ip(self) -> str:
-        return str(ipaddress.IPv4Interface(self.address).ip)
+        return str(self.interface_address.ip)
 
-    @property
+    @cached_property
     def prefixlen(self) -> int:
-        return ipaddress.IPv4Interface(self.address).network.prefixlen
+        return self.interface_address.network.prefixlen
 
-    @property
+    @cached_property
     def network(self) -> str:
-        return str(ipaddress.IPv4Interface(self.address).network)
+        return str(self.interface_address.network)
 
     @property
     def label(self) -> str:

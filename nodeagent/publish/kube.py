@@ -58,14 +58,6 @@ class NodeWriter:
     def read_node(self) -> dict[str, Any]:
         return self._call("GET", f"/api/v1/nodes/{self.node}")
 
-    def read_daemonset(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call("GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
     # ------------------------------------------------------------ writes
 
     def _remember(self, node: dict[str, Any]) -> None:
