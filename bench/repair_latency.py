@@ -11,12 +11,15 @@ Usage: sudo .venv/bin/python bench/repair_latency.py [--count N]
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,16 +28,74 @@ from typing import Any
 import yaml
 from common import make_rails, pct, reexec_in_netns, summary
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV4_RULE
 
 
-def wait_event(mon: Any, match: Callable[[Any], bool], timeout: float = 5.0) -> float:
-    deadline = time.perf_counter() + timeout
-    while time.perf_counter() < deadline:
-        for msg in mon.get():
-            if match(msg):
-                return time.perf_counter()
-    raise SystemExit("bench: repair not seen within 5 s")
+class Unrepaired(Exception):
+    """A deletion whose repair was not seen within the timeout."""
+
+
+class Events:
+    """The kernel's address, rule and route announcements, read on a thread of their own
+    (pyroute2's get() blocks), so a wait can end at its deadline."""
+
+    def __init__(self) -> None:
+        self.got: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        ready = threading.Event()
+        threading.Thread(target=self._read, args=(ready,), daemon=True).start()
+        ready.wait(5)
+
+    def _read(self, ready: threading.Event) -> None:
+        # Made on the thread that reads it: pyroute2's socket belongs to its thread's loop.
+        with IPRoute() as mon:
+            mon.bind(groups=RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_RULE | RTMGRP_IPV4_ROUTE)
+            ready.set()
+            while True:
+                for msg in mon.get():
+                    self.got.put((time.perf_counter(), msg))
+
+    def drain(self) -> None:
+        while not self.got.empty():
+            self.got.get_nowait()
+
+    def wait(self, wanted: list[Callable[[Any], bool]], timeout: float = 5.0) -> float:
+        """When the last of the wanted events came (each matched once, in any order)."""
+        left = list(wanted)
+        deadline = time.perf_counter() + timeout
+        while left:
+            try:
+                at, msg = self.got.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                raise Unrepaired(f"{len(left)} of {len(wanted)} repairs not seen within "
+                                 f"{timeout:g} s") from None
+            left = [w for w in left if not w(msg)]
+        return float(at)
+
+
+def start_daemon(tmp: Path, data: dict[str, Any]) -> subprocess.Popen[bytes]:
+    (tmp / "c.yaml").write_text(yaml.safe_dump(data))
+    log = open(tmp / "daemon.log", "w")  # noqa: SIM115
+    daemon = subprocess.Popen([sys.executable, "-m", "nodeagent", "run", "--config",
+                               str(tmp / "c.yaml"), "--log-level", "WARNING"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    status = tmp / "run" / "status.json"
+    while not (status.exists() and json.loads(status.read_text())["ok"]):
+        if daemon.poll() is not None:
+            raise SystemExit(f"bench: the daemon exited: {(tmp / 'daemon.log').read_text()}")
+        time.sleep(0.01)
+    return daemon
+
+
+def end(proc: subprocess.Popen[Any]) -> int:
+    """SIGTERM, then SIGKILL after 20 s: nothing this bench starts outlives it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
 
 
 def main() -> None:
@@ -46,64 +107,97 @@ def main() -> None:
     data = make_rails(1, tmp)
     data["resync_interval"] = "1h"  # repairs must come from events
     data["repair_guard"] = {"max_repairs": 100_000}  # the bench is a deliberate fight
-    (tmp / "c.yaml").write_text(yaml.safe_dump(data))
-    log = open(tmp / "daemon.log", "w")  # noqa: SIM115
-    daemon = subprocess.Popen([sys.executable, "-m", "nodeagent", "run", "--config",
-                               str(tmp / "c.yaml"), "--log-level", "WARNING"],
-                              stdout=log, stderr=subprocess.STDOUT)
-    status = tmp / "run" / "status.json"
-    while not (status.exists() and json.loads(status.read_text())["ok"]):
-        if daemon.poll() is not None:
-            raise SystemExit(f"bench: the daemon exited: {(tmp / 'daemon.log').read_text()}")
-        time.sleep(0.01)
     rail = data["rails"][0]
-    agent = drive(rail, args.count)
-    daemon.send_signal(signal.SIGTERM)
-    print(f"daemon exit: {daemon.wait(timeout=20)}")
+    daemon = start_daemon(tmp, data)
+    try:
+        agent = drive(rail, args.count)
+    finally:
+        print(f"daemon exit: {end(daemon)}")
     bare = subprocess.Popen([sys.executable, str(Path(__file__).parent / "bare_repair.py"),
                              rail["interface"], rail["address"], str(rail["table"]),
                              str(rail["rule_priority"]), rail["gateway"]],
                             stdout=subprocess.PIPE, text=True)
-    assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
-    reference = drive(rail, args.count)
-    bare.kill()
-    bare.wait()
-    print(f"repair latency: deletion -> restored (netlink event), {args.count} each")
+    try:
+        assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
+        reference = drive(rail, args.count)
+    finally:
+        bare.kill()
+        bare.wait()
+    print(f"repair latency: deletion -> restored (netlink events), {args.count} each; an "
+          "address is restored when it and the two routes the kernel dropped with it are back")
     for kind in agent:
         a, b = agent[kind], reference[kind]
+        if not a or not b:
+            print(f"{kind}: no sample ({len(a)} agent, {len(b)} bare)")
+            continue
         print(summary(f"{kind} agent", a))
         print(summary(f"{kind} bare loop", b))
         print(f"{'':28} agent/bare: p50 {pct(a, 50) / pct(b, 50):.2f}x, "
               f"p99 {pct(a, 99) / pct(b, 99):.2f}x")
 
 
+def present(ipr: Any, rail: dict[str, Any], kind: str) -> bool:
+    """Whether the thing a phase deletes is there (a repair of the last phase may still
+    be on its way)."""
+    if kind == "rule":
+        return any(r.get("priority") == rail["rule_priority"] for r in ipr.get_rules(
+            family=socket.AF_INET))
+    if kind == "default route":
+        return any(r["dst_len"] == 0 for r in ipr.get_routes(table=rail["table"],
+                                                               family=socket.AF_INET))
+    ip_ = rail["address"].split("/")[0]
+    return any(a.get_attr("IFA_ADDRESS") == ip_ for a in ipr.get_addr(family=socket.AF_INET))
+
+
 def drive(rail: dict[str, Any], count: int) -> dict[str, list[float]]:
     """Deletes the rail's address, rule and default route in turn, `count` times each,
-    and times each until the kernel announces it back."""
+    and times each until the kernel announces everything it took back. A deletion that
+    cannot be made (the thing is not there yet) waits for it; a repair never seen is
+    counted and the phase goes on."""
     ip_, plen = rail["address"].split("/")
+    network = str(ipaddress.ip_interface(rail["address"]).network)
+    table = rail["table"]
     results: dict[str, list[float]] = {"address": [], "rule": [], "default route": []}
-    with IPRoute() as ipr, IPRoute() as mon:
-        mon.bind(groups=RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_RULE | RTMGRP_IPV4_ROUTE)
+    missed = dict.fromkeys(results, 0)
+
+    def route_back(dst_len: int) -> Callable[[Any], bool]:
+        return lambda m: (m["event"] == "RTM_NEWROUTE" and m.get("table") == table
+                          and m["dst_len"] == dst_len and (dst_len == 0 or m.get_attr(
+                              "RTA_DST") == network.split("/")[0]))
+
+    events = Events()
+    with IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=rail["interface"])[0]
         for _ in range(count):
             for kind in results:
+                deadline = time.monotonic() + 5
+                while not present(ipr, rail, kind) and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 time.sleep(0.01)  # let the previous repair's own events settle
-                t0 = time.perf_counter()
-                if kind == "address":
-                    ipr.addr("del", index=idx, address=ip_, prefixlen=int(plen))
-                    done = wait_event(mon, lambda m: m["event"] == "RTM_NEWADDR"
-                                      and m.get("address") == ip_)
-                elif kind == "rule":
-                    ipr.rule("del", priority=rail["rule_priority"], family=socket.AF_INET)
-                    done = wait_event(mon, lambda m: m["event"] == "RTM_NEWRULE"
-                                      and m.get("priority") == rail["rule_priority"])
-                else:
-                    ipr.route("del", dst="0.0.0.0/0", table=rail["table"])
-                    done = wait_event(mon, lambda m: m["event"] == "RTM_NEWROUTE"
-                                      and m.get("table") == rail["table"]
-                                      and m["dst_len"] == 0)
+                events.drain()
+                try:
+                    t0 = time.perf_counter()
+                    if kind == "address":
+                        ipr.addr("del", index=idx, address=ip_, prefixlen=int(plen))
+                        done = events.wait([
+                            lambda m: m["event"] == "RTM_NEWADDR" and m.get_attr(
+                                "IFA_ADDRESS") == ip_,
+                            route_back(0), route_back(int(network.split("/")[1]))])
+                    elif kind == "rule":
+                        ipr.rule("del", priority=rail["rule_priority"], family=socket.AF_INET)
+                        done = events.wait([lambda m: m["event"] == "RTM_NEWRULE"
+                                                 and m.get("priority") == rail["rule_priority"]])
+                    else:
+                        ipr.route("del", dst="0.0.0.0/0", table=table)
+                        done = events.wait([route_back(0)])
+                except (Unrepaired, NetlinkError) as exc:
+                    missed[kind] += 1
+                    print(f"{kind}: {exc}", file=sys.stderr)
+                    continue
                 results[kind].append(1000 * (done - t0))
         time.sleep(0.2)  # the last repair's routes
+    if any(missed.values()):
+        print(f"missed: {missed}")
     return results
 
 
