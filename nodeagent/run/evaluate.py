@@ -147,9 +147,9 @@ def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool
     repairs.merge(probed)
     overrides = policy.overrides()  # the guard and flap verdicts after this pass's repairs
     full = rails is None
-    facts = evaluator.observe_facts(full=full)
+    unreadable = evaluator.observe_facts(full=full)
     policy.interrupt()
-    report = evaluator.judge(repairs, overrides, facts)
+    report = evaluator.judge(repairs, overrides, unreadable)
     evaluator.keep_learned_pins(report)
     if repair:
         repinned = evaluator.repin(dry_run=dry_run, skip_repair=paused)
@@ -157,8 +157,8 @@ def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool
             if not dry_run:
                 policy.repaired(repinned, ours=True)
             repairs.merge(repinned)
-            facts = evaluator.observe_facts(full=full)
-            report = evaluator.judge(repairs, overrides, facts)
+            unreadable = evaluator.observe_facts(full=full)
+            report = evaluator.judge(repairs, overrides, unreadable)
             evaluator.keep_learned_pins(report)
     return report, repairs
 
@@ -445,17 +445,17 @@ class Evaluator:
         self,
         repairs: Repairs | None = None,
         overrides: Mapping[str, tuple[str, str]] | None = None,
-        facts: Iterable[str] = (),
+        unreadable: Iterable[str] = (),
     ) -> Report:
         """The report from the latest observations, reading nothing; the GID verdict is
         kept for the re-pin and the transport probe.
 
         `overrides` carries the daemon's time-based verdicts (LinkFlapping,
-        ManagedElsewhere) into RoCENetworkReady; `facts` the problems observe_facts met.
+        ManagedElsewhere) into RoCENetworkReady; `unreadable` the problems observe_facts met.
         """
         repairs = repairs or Repairs()
         judged = self.facts(overrides)
-        report = judge_pass(self.cfg, judged, [*repairs.errors, *facts, *self.keeper.problems],
+        report = judge_pass(self.cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
         self.gid_verdict = judged.gid
         self.repins.settled(judged.gid.shifts)
