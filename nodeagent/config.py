@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from nodeagent.io.files import CONFIG_MAX, describe_error, read_text_bounded
+from nodeagent.io.safeyaml import safe_yaml, shown, yaml_problem
 
 DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.yaml"
 CONFIG_ENV = "NODEAGENT_CONFIG"
@@ -60,12 +61,6 @@ class ConfigError(Exception):
         self.problems = problems
 
 
-def _shown(value: Any) -> str:
-    """A value quoted in an error line, never longer than a line should be."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def parse_duration(value: Any) -> float:
     """'5s', '500ms', '2m', '1h', '1d', compound forms ('1h30m', '1m30s') or a plain number
     of seconds -> seconds (float), finite and at most a week."""
@@ -79,13 +74,13 @@ def parse_duration(value: Any) -> float:
             units := [u for _, u in _PART.findall(value)]) == len(set(units)):
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(value))
     else:
-        raise ValueError(f"{_shown(value)} is not a duration ({_DURATION_HINT})")
+        raise ValueError(f"{shown(value)} is not a duration ({_DURATION_HINT})")
     if math.isnan(seconds):
         raise ValueError("NaN is not a duration")
     if seconds < 0:
-        raise ValueError(f"{_shown(value)} is negative")
+        raise ValueError(f"{shown(value)} is negative")
     if seconds > MAX_DURATION:
-        raise ValueError(f"{_shown(value)} is longer than a week ({MAX_DURATION:g}s)")
+        raise ValueError(f"{shown(value)} is longer than a week ({MAX_DURATION:g}s)")
     return seconds
 
 
@@ -116,14 +111,14 @@ def _absolute_path(value: Path) -> Path:
     if "\0" in text:
         raise ValueError("contains a NUL byte")
     if not value.is_absolute():
-        raise ValueError(f"{_shown(text)} is not an absolute path")
+        raise ValueError(f"{shown(text)} is not an absolute path")
     return value
 
 
 def _command_name(value: str) -> str:
     """A program: a name looked up on PATH, or an absolute path."""
     if not value or "\0" in value or ("/" in value and not value.startswith("/")):
-        raise ValueError(f"{_shown(value)} is neither a command name nor an absolute path")
+        raise ValueError(f"{shown(value)} is neither a command name nor an absolute path")
     return value
 
 
@@ -143,7 +138,7 @@ Command = Annotated[str, AfterValidator(_command_name)]
 
 def _nonempty_text(value: str) -> str:
     if not value.strip() or not value.isprintable():
-        raise ValueError(f"{_shown(value)} must be non-empty printable text")
+        raise ValueError(f"{shown(value)} must be non-empty printable text")
     return value
 
 
@@ -206,7 +201,7 @@ def check_ifname(v: str) -> str:
     elif any(c in "/:" or c.isspace() or not c.isprintable() for c in v):
         why = "'/', ':', whitespace or a control character"
     if why:
-        raise ValueError(f"{_shown(v)} is not a valid interface name ({why})")
+        raise ValueError(f"{shown(v)} is not a valid interface name ({why})")
     return v
 
 
@@ -231,7 +226,7 @@ class Rail(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _RAIL_NAME.match(v):
-            raise ValueError(f"{_shown(v)} is not a rail name (letters, digits, '_', '.', '-';"
+            raise ValueError(f"{shown(v)} is not a rail name (letters, digits, '_', '.', '-';"
                              " at most 63)")
         return v
 
@@ -245,18 +240,18 @@ class Rail(_Strict):
     def _device(cls, v: str | None) -> str | None:
         # A directory name under class/infiniband (IB_DEVICE_NAME_MAX is 64).
         if v is not None and (not _RAIL_NAME.match(v) or v in (".", "..")):
-            raise ValueError(f"{_shown(v)} is not an RDMA device name")
+            raise ValueError(f"{shown(v)} is not an RDMA device name")
         return v
 
     @field_validator("address")
     @classmethod
     def _address(cls, v: str) -> str:
         if "/" not in v:
-            raise ValueError(f"{_shown(v)} has no prefix length (e.g. 10.10.0.5/24)")
+            raise ValueError(f"{shown(v)} has no prefix length (e.g. 10.10.0.5/24)")
         try:
             iface = ipaddress.IPv4Interface(v)
         except ValueError:
-            raise ValueError(f"{_shown(v)} is not an IPv4 interface address") from None
+            raise ValueError(f"{shown(v)} is not an IPv4 interface address") from None
         return str(iface)
 
     @field_validator("gateway")
@@ -267,7 +262,7 @@ class Rail(_Strict):
         try:
             return str(ipaddress.IPv4Address(v))
         except ValueError:
-            raise ValueError(f"{_shown(v)} is not an IPv4 address") from None
+            raise ValueError(f"{shown(v)} is not an IPv4 address") from None
 
     @field_validator("table")
     @classmethod
@@ -424,7 +419,7 @@ class CustomCheck(_Strict):
     @classmethod
     def _name(cls, v: str) -> str:
         if not re.fullmatch(_DNS_LABEL, v):
-            raise ValueError(f"{_shown(v)} is not a check name (lowercase letters, digits, -)")
+            raise ValueError(f"{shown(v)} is not a check name (lowercase letters, digits, -)")
         return v
 
 
@@ -432,7 +427,7 @@ class CustomCheck(_Strict):
     @classmethod
     def _reason(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Z][A-Za-z0-9]{0,127}", v):
-            raise ValueError(f"{_shown(v)} is not a CamelCase reason")
+            raise ValueError(f"{shown(v)} is not a CamelCase reason")
         return v
 
 
@@ -460,7 +455,7 @@ class Metrics(_Strict):
     def _hostport(cls, v: str) -> str:
         _host, sep, port = v.rpartition(":")
         if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{_shown(v)} is not host:port (e.g. 127.0.0.1:9464)")
+            raise ValueError(f"{shown(v)} is not host:port (e.g. 127.0.0.1:9464)")
         return v
 
 
@@ -478,7 +473,7 @@ class LustreMount(_Strict):
     @classmethod
     def _absolute(cls, v: str) -> str:
         if not v.startswith("/") or "\0" in v:
-            raise ValueError(f"{_shown(v)} is not an absolute path")
+            raise ValueError(f"{shown(v)} is not an absolute path")
         return v.rstrip("/") or "/"
 
 
@@ -488,7 +483,7 @@ def check_taint_key(v: str) -> str:
     prefix, sep, name = v.rpartition("/")
     if (sep and (not prefix or len(prefix) > 253 or not _SUBDOMAIN.match(prefix))) \
             or not _QUALIFIED_NAME.match(name):
-        raise ValueError(f"{_shown(v)} is not a qualified name (e.g. example.com/fabric)")
+        raise ValueError(f"{shown(v)} is not a qualified name (e.g. example.com/fabric)")
     return v
 
 
@@ -527,7 +522,7 @@ class Kubernetes(_Strict):
     @classmethod
     def _namespace(cls, v: str) -> str:
         if not re.fullmatch(_DNS_LABEL, v):
-            raise ValueError(f"{_shown(v)} is not a namespace name (a DNS-1123 label)")
+            raise ValueError(f"{shown(v)} is not a namespace name (a DNS-1123 label)")
         return v
 
     @model_validator(mode="after")
@@ -580,7 +575,7 @@ class Config(_Strict):
     @classmethod
     def _node_name(cls, v: str | None) -> str | None:
         if v is not None and (len(v) > 253 or not _SUBDOMAIN.match(v)):
-            raise ValueError(f"{_shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
+            raise ValueError(f"{shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
         return v
 
     def resolved_node_name(self) -> str:
@@ -616,7 +611,7 @@ def _describe(error: Any) -> str:
     msg = str(error["msg"])
     msg = msg.removeprefix("Value error, ")
     if kind != "value_error" and "input" in error:
-        msg += f" (got {_shown(error['input'])})"
+        msg += f" (got {shown(error['input'])})"
     return msg
 
 
@@ -700,101 +695,6 @@ def parse_config(data: Any) -> Config:
     return cfg
 
 
-# ---------------------------------------------------------------- YAML that cannot hurt
-
-MAX_DEPTH = 32  # nesting, aliases expanded: the config is at most 5 levels deep
-MAX_NODES = 50_000  # scalars, lists and mappings, aliases expanded
-MAX_INT_DIGITS = 24  # every number the config takes fits in 64 bits
-
-
-class _SafeLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader with limits checked before any Python object is built:
-    nesting depth, size once aliases are expanded (an alias bomb is a few hundred bytes),
-    integer length, and duplicate keys (a second `rails:` would silently win)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise yaml.YAMLError(f"line {mark.line + 1}: invalid YAML: nested deeper than "
-                                     f"{MAX_DEPTH} levels")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node,
-                                                                          yaml.ScalarNode):
-                continue
-            key = key_node.value
-            if key in seen:
-                raise yaml.YAMLError(
-                    f"line {key_node.start_mark.line + 1}: duplicate key {_shown(key)} "
-                    f"(first on line {seen[key]})")
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep)
-
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        text = str(node.value).replace("_", "")
-        if len(text.lstrip("+-")) > MAX_INT_DIGITS:
-            raise yaml.YAMLError(f"line {node.start_mark.line + 1}: integer with more than "
-                                 f"{MAX_INT_DIGITS} digits")
-        return super().construct_yaml_int(node)
-
-
-_SafeLoader.add_constructor("tag:yaml.org,2002:int", _SafeLoader.construct_yaml_int)
-
-
-def _check_expanded(root: yaml.Node) -> None:
-    """Walk the composed graph as the constructor would, aliases expanded, within limits."""
-    count = 0
-    stack: list[tuple[yaml.Node, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        count += 1
-        if count > MAX_NODES:
-            raise yaml.YAMLError(f"invalid YAML: more than {MAX_NODES} values once aliases "
-                                 "are expanded")
-        if depth > MAX_DEPTH:
-            raise yaml.YAMLError(f"invalid YAML: nested deeper than {MAX_DEPTH} levels once "
-                                 "aliases are expanded")
-        if isinstance(node, yaml.SequenceNode):
-            stack.extend((child, depth + 1) for child in node.value)
-        elif isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                stack.append((key, depth + 1))
-                stack.append((value, depth + 1))
-
-
-def safe_yaml(text: str) -> Any:
-    """YAML text -> Python data, refusing what could exhaust time or memory. Raises
-    yaml.YAMLError with a one-line message."""
-    loader = _SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            return None
-        _check_expanded(root)
-        return loader.construct_document(root)
-    finally:
-        loader.dispose()
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    if mark is None:
-        return str(exc).splitlines()[0]
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"line {mark.line + 1}: invalid YAML: {problem}"
-
-
 def default_config_path() -> str:
     return os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
 
@@ -811,7 +711,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     try:
         data = safe_yaml(text)
     except yaml.YAMLError as exc:
-        raise ConfigError([f"{name}: {_yaml_problem(exc)}"]) from None
+        raise ConfigError([f"{name}: {yaml_problem(exc)}"]) from None
     except (RecursionError, ValueError, OverflowError, MemoryError) as exc:
         # PyYAML's own recursion on what the limits let through, or a value it cannot
         # build: still one line, never a traceback.

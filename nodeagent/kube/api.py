@@ -21,9 +21,10 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.kube_config import KubeConfigLoader
 
-from nodeagent.config import Kubernetes, safe_yaml
+from nodeagent.config import Kubernetes
 from nodeagent.io.files import CONFIG_MAX, parse_json_state, read_text_bounded
 from nodeagent.io.http import TRACKED_POOLS, deadline
+from nodeagent.io.safeyaml import safe_yaml
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
 REQUEST_DEADLINE = 15.0  # a whole request, headers and body: a trickling server cannot hold it
