@@ -24,7 +24,7 @@ from tenacity import (
 
 from nodeagent.config import Kubernetes
 from nodeagent.kube.api import Counters, call, is_conflict
-from nodeagent.publish.node import spec_changes
+from nodeagent.publish.node import Changed, NodeChange, spec_changes
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class NodeWriter:
     def sync_taint_and_cordon(
         self, taint_value: str | None, cordon: bool, reason: str,
         node: dict[str, Any] | None = None, labels: dict[str, str] | None = None,
-    ) -> list[str]:
+    ) -> list[NodeChange]:
         """Make our taint (and cordon) match; returns what changed, for Events.
 
         Read-modify-write with a resourceVersion precondition: a concurrent writer's change
@@ -86,7 +86,7 @@ class NodeWriter:
         @retry(retry=retry_if_exception(is_conflict), reraise=True,
                wait=wait_random_exponential(multiplier=0.02, max=1.0),
                stop=stop_after_attempt(12))
-        def attempt() -> list[str]:
+        def attempt() -> list[NodeChange]:
             node = fresh.pop() if fresh else self.read_node()
             meta = node.get("metadata", {})
             taint = self.cfg.taint
@@ -96,21 +96,23 @@ class NodeWriter:
                 return []
             taints, cordon_change, relabel = want.taints, want.cordon, want.labels
             body: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
-            changed: list[str] = []
+            changed: list[NodeChange] = []
             if relabel:
                 body["metadata"]["labels"] = relabel
-                changed.append("labels " + ", ".join(
+                changed.append(NodeChange(Changed.LABELS, "labels " + ", ".join(
                     f"{k}={v}" if v is not None else f"{k} removed"
-                    for k, v in sorted(relabel.items())))
+                    for k, v in sorted(relabel.items()))))
             if taints is not None and taint is not None:
                 body["spec"] = {"taints": taints}
-                changed.append(f"taint {taint.key}={taint_value}:{taint.effect}"
-                               if taint_value else f"taint {taint.key} removed")
+                changed.append(NodeChange(Changed.TAINT,
+                                          f"taint {taint.key}={taint_value}:{taint.effect}"
+                                          if taint_value else f"taint {taint.key} removed"))
             if cordon_change is not None:
                 body.setdefault("spec", {}).update(cordon_change.get("spec", {}))
                 body["metadata"].update(cordon_change["metadata"])
                 cordoned = cordon_change.get("spec", {}).get("unschedulable")
-                changed.append("cordoned" if cordoned else "uncordoned")
+                changed.append(NodeChange(Changed.CORDON,
+                                          "cordoned" if cordoned else "uncordoned"))
             self._remember(self._call("PATCH", f"/api/v1/nodes/{self.node}", body, MERGE))
             return changed
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,20 @@ from nodeagent.model import (
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class Changed(enum.Enum):
+    LABELS = "labels"
+    TAINT = "taint"
+    CORDON = "cordon"
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """One change a write made to the Node: what it was, and its line for the Event."""
+
+    what: Changed
+    text: str
 
 
 def taint_value(reason: str) -> str:

@@ -21,6 +21,7 @@ from nodeagent.kube.backoff import Backoff
 from nodeagent.model import FABRIC_READY, Finding, Status
 from nodeagent.publish.node import (
     STARTING,
+    Changed,
     TaintGate,
     condition_updates,
     spec_changes,
@@ -249,11 +250,12 @@ class Publisher(threading.Thread):
                              f"{f.type}={f.status} ({f.reason}): {f.message}", not f.ok)
                 self._published[f.type] = (f.status, f.reason)
         for change in changes:
-            if change.startswith("labels "):
-                writer.event(uid, "HardwareFingerprint", change, False)
+            if change.what is Changed.LABELS:
+                writer.event(uid, "HardwareFingerprint", change.text, False)
             else:
-                writer.event(uid, "FabricTaint", f"{change} ({self.gate.reason})", tainted)
-            log.info("node %s: %s", writer.node, change)
+                writer.event(uid, "FabricTaint", f"{change.text} ({self.gate.reason})",
+                             tainted)
+            log.info("node %s: %s", writer.node, change.text)
         self.state.tainted = tainted and self.cfg.taint is not None  # conditions only: never
         self.state.taint_reason = self.gate.reason
 
