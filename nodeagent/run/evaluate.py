@@ -47,7 +47,7 @@ from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.run.store import FactStore, PinKeeper, RepinSchedule
-from nodeagent.run.transport import Target
+from nodeagent.run.transport import Target, Targets
 
 log = logging.getLogger(__name__)
 
@@ -377,25 +377,26 @@ class Evaluator:
             due.hardware_at = now + cfg.hardware.interval
         return errors
 
-    def transport_targets(self) -> dict[str, Target | str]:
+    def transport_targets(self) -> Targets:
         """What the transport probe may probe, per rail: (device, port, pinned GID index,
         address), or why not (its GID is shifted: a probe's QPs would hold the entry the
         re-pin must free; its pin or device not known yet)."""
-        out: dict[str, Target | str] = {}
+        ready: dict[str, Target] = {}
+        skipped: dict[str, str] = {}
         shifts = self.gid_verdict.shifts if self.gid_verdict is not None else {}
         for rail in self.cfg.rails:
             pin = pin_for(rail, self.pins)
             device, port = self._rail_port(rail)
             if rail.name in shifts:
-                out[rail.name] = "its GID is off its pinned index: waiting for the re-pin"
+                skipped[rail.name] = "its GID is off its pinned index: waiting for the re-pin"
             elif pin is None:
-                out[rail.name] = "no GID pin yet"
+                skipped[rail.name] = "no GID pin yet"
             elif (pin.device or device) is None:
-                out[rail.name] = "its RDMA device is not known yet"
+                skipped[rail.name] = "its RDMA device is not known yet"
             else:
-                out[rail.name] = Target(pin.device or device or "", pin.port or port,
-                                        pin.index, rail.ip)
-        return out
+                ready[rail.name] = Target(pin.device or device or "", pin.port or port,
+                                          pin.index, rail.ip)
+        return Targets(ready, skipped)
 
     def hardware_due(self) -> float | None:
         """When the ports are to be read again (None: no hardware section)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from nodeagent.config import Config, Transport
 from nodeagent.model import TransportResult
@@ -27,22 +27,26 @@ class Target:
     address: str
 
 
-def probe_targets(targets: Mapping[str, Target | str], tr: Transport,
+@dataclass(frozen=True)
+class Targets:
+    """Per rail, what the probe may probe, or why it may not (yet)."""
+
+    ready: Mapping[str, Target] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+
+
+def probe_targets(targets: Targets, tr: Transport,
                   halted: Callable[[], bool] = lambda: False) -> TransportSeen:
     """One round: each target probed in turn (until `halted`), the others with why not.
     The daemon's thread and the CLI's one-shot check share it."""
     results: dict[str, TransportResult] = {}
-    skipped: dict[str, str] = {}
-    for rail, target in targets.items():
+    for rail, target in targets.ready.items():
         if halted():
             break
-        if isinstance(target, str):
-            skipped[rail] = target
-            continue
         got = probe_rail(rail, target.device, target.port, target.gid_index, target.address,
                          tr.messages, tr.timeout)
         results[rail] = replace(got, at=time.monotonic())
-    return TransportSeen(results, skipped)
+    return TransportSeen(results, dict(targets.skipped))
 
 
 class TransportMonitor(threading.Thread):
@@ -50,7 +54,7 @@ class TransportMonitor(threading.Thread):
         super().__init__(name="transport-probe", daemon=True)
         self.cfg = cfg
         self.deliver = deliver
-        self.targets: dict[str, Target | str] | None = None  # set by the loop after a pass
+        self.targets: Targets | None = None  # set by the loop after a pass
         self._halt = threading.Event()
         self._wake = threading.Event()
 
