@@ -14,12 +14,46 @@ from typing import Any, Literal
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
-# Condition types of the public contract (True = good).
-ROCE_NETWORK_READY = "RoCENetworkReady"
-ROCE_GID_STABLE = "RoCEGIDStable"
-RDMA_DEVICE_PLUGIN_READY = "RDMADevicePluginReady"
-LUSTRE_READY = "LustreReady"
-FABRIC_READY = "FabricReady"
+class Words(str, enum.Enum):
+    """An enum whose members are their words: a str, and str() and f-strings give the word
+    (enum.StrEnum, which Python 3.10 lacks)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class ConditionType(Words):
+    """The condition types of the public contract (True = good); a str, so the API, the
+    status file and the metrics carry the plain name."""
+
+    ROCE_NETWORK_READY = "RoCENetworkReady"
+    ROCE_GID_STABLE = "RoCEGIDStable"
+    RDMA_DEVICE_PLUGIN_READY = "RDMADevicePluginReady"
+    LUSTRE_READY = "LustreReady"
+    FABRIC_READY = "FabricReady"
+    # Informational (not part of FabricReady unless configured): traffic really uses RDMA.
+    FABRIC_TRAFFIC_ON_RDMA = "FabricTrafficOnRDMA"
+    # With a `hardware` section: each rail's RDMA port, its HCA's PCIe link, error counters
+    # and firmware (part of FabricReady when `hardware.gate`, the default).
+    RDMA_HARDWARE_HEALTHY = "RDMAHardwareHealthy"
+    # With a `custom_checks` section: the sites' own check scripts (node-problem-detector's
+    # custom-plugin convention), part of FabricReady when `custom_checks.gate`, the default.
+    CUSTOM_CHECKS_PASSED = "CustomChecksPassed"
+    # With a `transport` section: an RC QP pair over each rail's pinned GID exchanged
+    # messages (part of FabricReady only with `transport.gate`).
+    RDMA_TRANSPORT_VERIFIED = "RDMATransportVerified"
+
+
+ROCE_NETWORK_READY = ConditionType.ROCE_NETWORK_READY
+ROCE_GID_STABLE = ConditionType.ROCE_GID_STABLE
+RDMA_DEVICE_PLUGIN_READY = ConditionType.RDMA_DEVICE_PLUGIN_READY
+LUSTRE_READY = ConditionType.LUSTRE_READY
+FABRIC_READY = ConditionType.FABRIC_READY
+FABRIC_TRAFFIC_ON_RDMA = ConditionType.FABRIC_TRAFFIC_ON_RDMA
+RDMA_HARDWARE_HEALTHY = ConditionType.RDMA_HARDWARE_HEALTHY
+CUSTOM_CHECKS_PASSED = ConditionType.CUSTOM_CHECKS_PASSED
+RDMA_TRANSPORT_VERIFIED = ConditionType.RDMA_TRANSPORT_VERIFIED
+# The five of the first contract, in the order they are published.
 CONDITION_TYPES = (
     ROCE_NETWORK_READY,
     ROCE_GID_STABLE,
@@ -27,17 +61,6 @@ CONDITION_TYPES = (
     LUSTRE_READY,
     FABRIC_READY,
 )
-# Informational (not part of FabricReady unless configured): traffic really uses RDMA.
-FABRIC_TRAFFIC_ON_RDMA = "FabricTrafficOnRDMA"
-# With a `hardware` section: each rail's RDMA port, its HCA's PCIe link, error counters and
-# firmware (part of FabricReady when `hardware.gate`, the default).
-RDMA_HARDWARE_HEALTHY = "RDMAHardwareHealthy"
-# With a `custom_checks` section: the sites' own check scripts (node-problem-detector's
-# custom-plugin convention), part of FabricReady when `custom_checks.gate`, the default.
-CUSTOM_CHECKS_PASSED = "CustomChecksPassed"
-# With a `transport` section: an RC QP pair over each rail's pinned GID exchanged messages
-# (part of FabricReady only with `transport.gate`).
-RDMA_TRANSPORT_VERIFIED = "RDMATransportVerified"
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"
@@ -50,22 +73,27 @@ FINGERPRINT_LABELS = (HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER)
 class Finding:
     """The verdict for one condition type: what `kubectl describe node` will show."""
 
-    type: str
+    type: ConditionType
     status: ConditionStatus
     reason: str
     message: str
+    # The problems the message joins, one each (a reader lists them without re-splitting).
+    problems: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def ok(self) -> bool:
         return self.status == "True"
 
-    def as_dict(self) -> dict[str, str]:
-        return {
-            "type": self.type,
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": str(self.type),
             "status": self.status,
             "reason": self.reason,
             "message": self.message,
         }
+        if self.problems:
+            out["problems"] = list(self.problems)
+        return out
 
 
 @dataclass(frozen=True)
@@ -84,7 +112,7 @@ class Problems:
     failure's reason; else Unknown with the first unknown's reason; else True. The message
     names every problem, failures first, each group in the order found."""
 
-    type: str
+    type: ConditionType
     found: list[Problem] = field(default_factory=list)
 
     def fail(self, reason: str, message: str) -> None:
@@ -111,8 +139,9 @@ class Problems:
         failed = [p for p in self.found if not p.unknown]
         unknown = [p for p in self.found if p.unknown]
         status: ConditionStatus = "False" if failed else "Unknown"
-        return Finding(self.type, status, (failed or unknown)[0].reason,
-                       "; ".join(p.message for p in failed + unknown))
+        messages = tuple(p.message for p in failed + unknown)
+        return Finding(self.type, status, (failed or unknown)[0].reason, "; ".join(messages),
+                       messages)
 
 
 # ---------------------------------------------------------------- network observations
@@ -325,13 +354,30 @@ class PortHealth:
     unreadable: tuple[str, ...] = ()  # attributes that could not be read, for the message
 
 
+class TransportStep(Words):
+    """Where an active probe broke, in the order a probe goes; the value is the status
+    file's and the message's word for it."""
+
+    PYVERBS = "pyverbs"  # not importable: the agent's environment, not the fabric
+    DEVICE_OPEN = "device open"
+    PORT = "port"
+    GID = "GID"
+    RESOURCES = "resources"
+    QP_INIT = "QP to INIT"
+    QP_RTR = "QP to RTR"
+    QP_RTS = "QP to RTS"
+    COMPLETION = "completion"
+    TIMEOUT = "timeout"
+    VERBS = "verbs"  # an error outside the steps
+
+
 @dataclass(frozen=True)
 class TransportResult:
     """One active probe of a rail: ok, or the step that failed and why."""
 
     rail: str
     ok: bool
-    step: str = ""  # "device open", "GID", "resources", "QP to RTR", "completion", ...
+    step: TransportStep | None = None
     error: str = ""
     messages: int = 0
     latency_p50_us: float | None = None
@@ -487,11 +533,19 @@ class MountEntry:
     options: frozenset[str]  # per-mount and superblock options, 'flock', 'rw', 'user_xattr'...
 
 
+class HealthState(Words):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"  # NOT HEALTHY, or a device reported unhealthy
+    LBUG = "lbug"  # the client hit an LBUG: it stays broken until a reboot
+    UNREADABLE = "unreadable"
+    ABSENT = "absent"  # no health_check: the client is not loaded
+
+
 @dataclass(frozen=True)
 class Health:
     """The Lustre client's own verdict (health_check)."""
 
-    state: str  # "healthy" | "unhealthy" | "lbug" | "unreadable" | "absent"
+    state: HealthState
     detail: str = ""
 
 
@@ -554,7 +608,7 @@ class RailStatus:
         t = self.transport
         if t is not None:
             out["transport"] = {
-                "ok": t.ok, "step": t.step, "error": t.error, "messages": t.messages,
+                "ok": t.ok, "step": t.step or "", "error": t.error, "messages": t.messages,
                 "latency_p50_us": t.latency_p50_us, "latency_p99_us": t.latency_p99_us,
                 "bandwidth_gbps": t.bandwidth_gbps, "seconds": t.seconds,
                 "gid_index": t.gid_index}

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from nodeagent.config import Config, LustreMount
-from nodeagent.model import LUSTRE_READY, Finding, LustreObservation, Problem, Problems
+from nodeagent.model import (
+    LUSTRE_READY,
+    Finding,
+    HealthState,
+    LustreObservation,
+    Problem,
+    Problems,
+)
 
 
 def fsname(source: str) -> str:
@@ -52,10 +59,10 @@ def lustre_finding(cfg: Config, obs: LustreObservation | None) -> Finding:
         return problems.folded()
     if any(m.fstype == "lustre" for m in cfg.lustre):
         h = obs.health
-        if h.state in ("unhealthy", "lbug"):
+        if h.state in (HealthState.UNHEALTHY, HealthState.LBUG):
             problems.fail("LustreUnhealthy", f"Lustre client "
-                          f"{'LBUG' if h.state == 'lbug' else 'NOT HEALTHY'}: {h.detail}")
-        elif h.state == "unreadable":
+                          f"{'LBUG' if h.state is HealthState.LBUG else 'NOT HEALTHY'}: {h.detail}")
+        elif h.state is HealthState.UNREADABLE:
             problems.unknown("HealthUnreadable", f"Lustre health_check: {h.detail}")
     for m in cfg.lustre:
         problems.extend(mount_problems(m, obs))

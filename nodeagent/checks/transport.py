@@ -5,21 +5,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nodeagent.config import Config
-from nodeagent.model import RDMA_TRANSPORT_VERIFIED, Finding, Problems, TransportResult
+from nodeagent.model import (
+    RDMA_TRANSPORT_VERIFIED,
+    Finding,
+    Problems,
+    TransportResult,
+    TransportStep,
+)
 
 UNVERIFIED = "TransportNotVerified"  # not probed, stale, or failed outside the steps
 
-# The failed step -> the reason (a failed probe names where it broke).
+# The failed step -> the reason (a failed probe names where it broke). The steps left out
+# (pyverbs missing, an error outside the steps) are not the fabric's fault: Unknown.
 STEP_REASONS = {
-    "device open": "TransportDeviceOpenFailed",
-    "port": "TransportPortNotActive",
-    "GID": "TransportGIDMismatch",
-    "resources": "TransportResourcesFailed",
-    "QP to INIT": "TransportQPSetupFailed",
-    "QP to RTR": "TransportQPSetupFailed",
-    "QP to RTS": "TransportQPSetupFailed",
-    "completion": "TransportCompletionError",
-    "timeout": "TransportTimeout",
+    TransportStep.DEVICE_OPEN: "TransportDeviceOpenFailed",
+    TransportStep.PORT: "TransportPortNotActive",
+    TransportStep.GID: "TransportGIDMismatch",
+    TransportStep.RESOURCES: "TransportResourcesFailed",
+    TransportStep.QP_INIT: "TransportQPSetupFailed",
+    TransportStep.QP_RTR: "TransportQPSetupFailed",
+    TransportStep.QP_RTS: "TransportQPSetupFailed",
+    TransportStep.COMPLETION: "TransportCompletionError",
+    TransportStep.TIMEOUT: "TransportTimeout",
 }
 
 
@@ -55,8 +62,8 @@ def transport_finding(cfg: Config, results: Mapping[str, TransportResult],
                              f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
         elif got.ok:
             fine.append(describe(got))
-        elif got.step in STEP_REASONS:
+        elif got.step is not None and got.step in STEP_REASONS:
             problems.fail(STEP_REASONS[got.step], describe(got))
-        else:  # pyverbs missing, or an error outside the steps: not the fabric's fault
+        else:
             problems.unknown(UNVERIFIED, describe(got))
     return problems.finding("TransportVerified", "; ".join(fine))

@@ -16,7 +16,7 @@ from pathlib import Path
 from nodeagent.io.bounded import Stuck, Where
 from nodeagent.io.commands import BoundedRunner
 from nodeagent.io.files import describe_error, read_text_bounded
-from nodeagent.model import Health, LustreObservation, MountEntry
+from nodeagent.model import Health, HealthState, LustreObservation, MountEntry
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -65,16 +65,16 @@ def parse_health(text: str) -> Health:
     the `NOT HEALTHY` verdict (obd_proc_health_seq_show). `LBUG` anywhere wins."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
-        return Health("unreadable", "health_check is empty")
+        return Health(HealthState.UNREADABLE, "health_check is empty")
     if any("LBUG" in ln for ln in lines):
-        return Health("lbug", "; ".join(lines)[:500])
+        return Health(HealthState.LBUG, "; ".join(lines)[:500])
     devices = [ln for ln in lines if ln.startswith("device ") and "unhealthy" in ln]
     verdicts = [ln for ln in lines if ln not in devices]
     if (verdicts and verdicts[-1].startswith("NOT HEALTHY")) or (devices and not verdicts):
-        return Health("unhealthy", "; ".join(devices)[:500] or "NOT HEALTHY")
+        return Health(HealthState.UNHEALTHY, "; ".join(devices)[:500] or "NOT HEALTHY")
     if verdicts == ["healthy"]:
-        return Health("healthy")
-    return Health("unreadable", f"unexpected health_check content {verdicts[0][:60]!r}")
+        return Health(HealthState.HEALTHY)
+    return Health(HealthState.UNREADABLE, f"unexpected health_check content {verdicts[0][:60]!r}")
 
 
 def read_health(sysfs_root: Path, procfs_root: Path, where: Where | None = None) -> Health:
@@ -88,8 +88,8 @@ def read_health(sysfs_root: Path, procfs_root: Path, where: Where | None = None)
         except FileNotFoundError:
             continue
         except OSError as exc:
-            return Health("unreadable", f"{path}: {describe_error(exc)}")
-    return Health("absent", "no fs/lustre/health_check (Lustre client not loaded?)")
+            return Health(HealthState.UNREADABLE, f"{path}: {describe_error(exc)}")
+    return Health(HealthState.ABSENT, "no fs/lustre/health_check (Lustre client not loaded?)")
 
 
 def parse_lfs_check(text: str) -> dict[str, str]:
@@ -123,7 +123,7 @@ def observe_lustre(
     by_point = {e.mountpoint: e for e in entries}
     read = runner.reads.one("lustre health_check",
                             functools.partial(read_health, sysfs_root, procfs_root))
-    health = Health("unreadable", read.describe()) if isinstance(read, Stuck) else read
+    health = Health(HealthState.UNREADABLE, read.describe()) if isinstance(read, Stuck) else read
     present = [(mp, t) for mp, fstype, t in mounts
                if mp in by_point and by_point[mp].fstype == fstype]
     lfs = shutil.which(lfs_path) if lfs_path else None

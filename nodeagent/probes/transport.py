@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.model import TransportResult
+from nodeagent.model import TransportStep as Step
 
 SIZE = 64  # bytes per latency message
 BURST = 16  # messages in flight in the bandwidth sample
@@ -26,7 +27,7 @@ CHUNK = 64 << 10  # bytes per bandwidth message
 
 
 class ProbeFailed(Exception):
-    def __init__(self, step: str, error: str) -> None:
+    def __init__(self, step: Step, error: str) -> None:
         super().__init__(f"{step}: {error}")
         self.step, self.error = step, error
 
@@ -78,7 +79,7 @@ def _connect(pair: _Pair, port: int, gid: Any, gid_index: int) -> None:
     from pyverbs.qp import QPAttr
 
     me_peer = ((pair.qps[0], pair.qps[1]), (pair.qps[1], pair.qps[0]))
-    for step, state in (("QP to INIT", "init"), ("QP to RTR", "rtr"), ("QP to RTS", "rts")):
+    for step, state in ((Step.QP_INIT, "init"), (Step.QP_RTR, "rtr"), (Step.QP_RTS, "rts")):
         for me, peer in me_peer:
             try:
                 if state == "init":
@@ -115,11 +116,11 @@ def _complete(cq: Any, want: set[int], deadline: float) -> None:
         n, wcs = cq.poll(len(want) + 4)
         for wc in wcs[:n]:
             if wc.status != 0:
-                raise ProbeFailed("completion", f"{completion_status(wc.status)} "
+                raise ProbeFailed(Step.COMPLETION, f"{completion_status(wc.status)} "
                                   f"(wr {wc.wr_id}, vendor error {wc.vendor_err})")
             want.discard(wc.wr_id)
         if want and time.monotonic() > deadline:
-            raise ProbeFailed("timeout", f"{len(want)} completion(s) missing at the deadline")
+            raise ProbeFailed(Step.TIMEOUT, f"{len(want)} completion(s) missing at the deadline")
 
 
 def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
@@ -135,27 +136,27 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
         from pyverbs.qp import QP, QPCap, QPInitAttr
         from pyverbs.wr import SGE, RecvWR, SendWR
     except ImportError as exc:
-        return TransportResult(rail, False, "pyverbs", f"not importable: {exc}")
+        return TransportResult(rail, False, Step.PYVERBS, f"not importable: {exc}")
     pair = _Pair(None, None, None, [], [])
     try:
         try:
             pair.ctx = Context(name=device)
         except Exception as exc:
-            raise ProbeFailed("device open", str(exc).splitlines()[0][:200]) from exc
+            raise ProbeFailed(Step.DEVICE_OPEN, str(exc).splitlines()[0][:200]) from exc
         try:
             state = pair.ctx.query_port(port).state
         except Exception as exc:
-            raise ProbeFailed("port", str(exc).splitlines()[0][:200]) from exc
+            raise ProbeFailed(Step.PORT, str(exc).splitlines()[0][:200]) from exc
         if state != e.IBV_PORT_ACTIVE:
             # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured in
             # the lab): a port that is not ACTIVE carries nothing to the wire.
-            raise ProbeFailed("port", f"port {port} is {port_state(state)}, not ACTIVE")
+            raise ProbeFailed(Step.PORT, f"port {port} is {port_state(state)}, not ACTIVE")
         try:
             gid = pair.ctx.query_gid(port, gid_index)
         except Exception as exc:
-            raise ProbeFailed("GID", f"index {gid_index}: {exc}") from exc
+            raise ProbeFailed(Step.GID, f"index {gid_index}: {exc}") from exc
         if not gid_matches(str(gid), address):
-            raise ProbeFailed("GID", f"index {gid_index} holds {gid}, not the rail's "
+            raise ProbeFailed(Step.GID, f"index {gid_index} holds {gid}, not the rail's "
                               f"::ffff:{address}")
         try:
             pair.pd = PD(pair.ctx)
@@ -166,7 +167,7 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
                                                        rcq=pair.cq, cap=cap)))
                 pair.mrs.append(MR(pair.pd, CHUNK, e.IBV_ACCESS_LOCAL_WRITE))
         except Exception as exc:
-            raise ProbeFailed("resources", str(exc).splitlines()[0][:200]) from exc
+            raise ProbeFailed(Step.RESOURCES, str(exc).splitlines()[0][:200]) from exc
         _connect(pair, port, gid, gid_index)
         sender, receiver = pair.qps
         smr, rmr = pair.mrs
@@ -201,7 +202,7 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
         return TransportResult(rail, False, failed.step, failed.error,
                                seconds=time.monotonic() - started, gid_index=gid_index)
     except Exception as exc:  # pyverbs raises its own errors from any call
-        return TransportResult(rail, False, "verbs", str(exc).splitlines()[0][:200],
+        return TransportResult(rail, False, Step.VERBS, str(exc).splitlines()[0][:200],
                                seconds=time.monotonic() - started, gid_index=gid_index)
     finally:
         pair.close()
