@@ -86,29 +86,49 @@ def _load(path: str | None) -> Config:
     return load_config(path or default_config_path())
 
 
+MAX_LISTED = 50  # problems printed per condition: a forged status file cannot flood a tty
+MAX_FIELD = 1000  # characters printed per problem
+
+
+def listed(condition: dict[str, Any]) -> tuple[list[str], int]:
+    """A condition's problems as the writer listed them, the first MAX_LISTED each cut to
+    MAX_FIELD, and how many more there are (a status file written before the list existed:
+    its message as one problem)."""
+    got = condition.get("problems")
+    items = got if isinstance(got, list) and got else [condition.get("message", "")]
+    shown = [str(x) for x in items[:MAX_LISTED]]
+    return ([x if len(x) <= MAX_FIELD else x[:MAX_FIELD] + "..." for x in shown],
+            len(items) - len(shown))
+
+
 def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) -> None:
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    # What a daemon, a file or a driver wrote: control characters never reach the terminal.
-    p = printable
+    # What a daemon, a file or a driver wrote: control characters never reach the terminal,
+    # and no field floods it.
+    def p(text: Any) -> str:
+        return printable(str(text)[:MAX_FIELD])
+
     verdict = "fabric ready" if data["ok"] else "FABRIC NOT READY"
     print(f"node {p(data['node'])}: {verdict}")
     for c in data["conditions"]:
         head = f"  {p(c['type']):<22} {p(c['status']):<8} {p(c['reason'])}"
-        problems = str(c["message"]).split("; ")
-        if len(problems) == 1:
+        problems, more = listed(c)
+        if len(problems) == 1 and not more:
             print(f"{head:<57} {p(problems[0])}")
             continue
         print(head)  # a dozen problems read one per line, not as one long line
         for problem in problems:
             print(f"      {p(problem)}")
+        if more:
+            print(f"      ... and {more} more (--json has them all)")
     if data.get("actions"):
         print("would run:" if dry_run else "repaired:")
-        for a in data["actions"]:
+        for a in data["actions"][:MAX_LISTED]:
             print(f"  {p(a)}")
-    for e in data.get("errors", []):
+    for e in data.get("errors", [])[:MAX_LISTED]:
         print(f"error: {p(e)}")
 
 

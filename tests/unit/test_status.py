@@ -129,7 +129,8 @@ _json = st.recursive(
     max_leaves=15)
 _condition = st.fixed_dictionaries(
     {"type": st.text(max_size=10), "status": st.sampled_from(["True", "False", "\x1b]0;x\x07"]),
-     "reason": st.text(max_size=10), "message": st.text(max_size=30)})
+     "reason": st.text(max_size=10), "message": st.text(max_size=30)},
+    optional={"problems": st.lists(st.text(max_size=10), max_size=3) | _json})
 _status = st.fixed_dictionaries({}, optional={
     "node": st.text(max_size=10) | _json, "ok": st.booleans() | _json,
     "conditions": st.lists(_condition | _json, max_size=3) | _json,
@@ -155,3 +156,35 @@ def test_generated_status_files_never_crash_status(tmp_path_factory: Any, doc: A
     assert code in (0, 1), code
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
     assert len(err.getvalue().splitlines()) <= 1
+
+
+def test_a_forged_status_file_cannot_flood_the_terminal(tmp_path: Path) -> None:
+    """A status file is the daemon's, but a reader must survive one forged to be huge: each
+    condition lists its problems one per line, at most MAX_LISTED of them, each cut to
+    MAX_FIELD characters; a message that once would have been split on '; ' is one line."""
+    from nodeagent.cli.main import MAX_FIELD, MAX_LISTED, main
+
+    # Within the status file's 8 MiB cap: ~2 MB of "a; " (the forgery that once ran past
+    # 20 s, split into 600,000 lines) and 100,000 listed problems.
+    huge = {"node": "n" * 100_000, "ok": False, "actions": ["a"] * 50_000,
+            "errors": ["e"] * 50_000, "daemon": {"pid": 1, "updated_at": time.time()},
+            "conditions": [
+                {"type": "RoCEGIDStable", "status": "False", "reason": "GIDIndexShifted",
+                 "message": "x", "problems": ["p" * 5000] * 100 + ["p"] * 100_000},
+                {"type": "LustreReady", "status": "False", "reason": "MountMissing",
+                 "message": "a; " * 600_000}]}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "status.json").write_text(json.dumps(huge))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"runtime_dir: {tmp_path / 'run'}\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(["status", "--config", str(cfg)]) == 1
+    lines = out.getvalue().splitlines()
+    listed = [ln for ln in lines if ln.startswith("      p")]
+    assert len(listed) == MAX_LISTED
+    assert all(len(ln) <= MAX_FIELD + 10 for ln in listed)
+    assert f"... and {100_100 - MAX_LISTED} more (--json has them all)" in out.getvalue()
+    # A message with no list is printed as the one problem it is, cut to MAX_FIELD.
+    assert sum("a; a; " in ln for ln in lines) == 1
+    assert len(lines) < 3 * MAX_LISTED + 10 and len(out.getvalue()) < 4 * MAX_LISTED * MAX_FIELD
