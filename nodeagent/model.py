@@ -461,13 +461,89 @@ class Drift:
 
 
 @dataclass(frozen=True)
-class DevicePluginObservation:
-    """This node, the plugin DaemonSet and its pods on this node, as plain API JSON."""
+class Toleration:
+    key: str = ""  # "" matches every key (only with Exists)
+    operator: str = "Equal"
+    effect: str = ""  # "" matches every effect
 
-    node: dict[str, Any] | None = None
-    daemonset: dict[str, Any] | None = None
-    pods: list[dict[str, Any]] = field(default_factory=list)  # the plugin's, on this node
-    node_pods: list[dict[str, Any]] = field(default_factory=list)  # every pod on this node
+
+@dataclass(frozen=True)
+class Termination:
+    """A container's terminated state: its current one, or its last."""
+
+    reason: str = "?"
+    exit_code: str = "?"
+    finished_at: str = "?"
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """One container of a pod: its spec image and, once the kubelet reported it, its
+    status (what image ran, restarts, waiting reason, terminations)."""
+
+    name: str
+    spec_image: str = ""
+    reported: bool = False  # the pod's status lists this container
+    image: str = ""  # what the kubelet says ran
+    image_id: str = ""  # repo@digest on containerd and CRI-O; may be a bare config digest
+    restarts: int = 0
+    waiting: str = ""  # state.waiting.reason (CrashLoopBackOff, ...)
+    terminated: Termination | None = None
+    last_terminated: Termination | None = None
+    resources: frozenset[str] = frozenset()  # resource names in its limits and requests
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What the agent reads of a pod, parsed once from the API object."""
+
+    namespace: str
+    name: str
+    uid: str = ""
+    created: str = ""  # creationTimestamp as written (RFC 3339)
+    phase: str = ""
+    ready: bool = False
+    ready_changed: str = ""  # the Ready condition's lastTransitionTime
+    deleting: bool = False
+    owners: tuple[tuple[str, str], ...] = ()  # (kind, name) of each ownerReference
+    containers: tuple[ContainerFacts, ...] = ()
+    init_resources: frozenset[str] = frozenset()  # what its init containers request
+
+    def __str__(self) -> str:
+        return f"pod {self.namespace}/{self.name}"
+
+    def requests_any(self, resources: Iterable[str]) -> bool:
+        asked = self.init_resources.union(*(c.resources for c in self.containers))
+        return any(r in asked for r in resources)
+
+
+@dataclass(frozen=True)
+class DaemonSetFacts:
+    namespace: str
+    name: str
+    tolerations: tuple[Toleration, ...] = ()
+    images: tuple[str, ...] = ()  # its pod template's container images
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str = ""
+    os: str = ""  # status.nodeInfo as the kubelet reports it
+    architecture: str = ""
+    allocatable: Mapping[str, str] = field(default_factory=dict)
+    capacity: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DevicePluginObservation:
+    """This node, the plugin DaemonSet and its pods on this node, parsed once from the API
+    (nodeagent.kube.objects): checks read fields, never JSON."""
+
+    node: NodeFacts | None = None
+    daemonset: DaemonSetFacts | None = None
+    pods: tuple[PodFacts, ...] = ()  # the plugin's, on this node
+    node_pods: tuple[PodFacts, ...] = ()  # every pod on this node
     error: str | None = None  # the API could not be read: every fact is Unknown
     images: tuple[ImagePlatforms, ...] = ()  # what the registry says the plugin's images offer
     machine: str = ""  # this host's uname machine (x86_64, aarch64): the platform variant

@@ -8,18 +8,21 @@ the node advertises the RDMA resource.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Set
-from typing import Any
+from collections.abc import Iterable, Set
 
 from nodeagent.config import Config
 from nodeagent.kube.fields import quantity, timestamp
 from nodeagent.model import (
     RDMA_DEVICE_PLUGIN_READY,
+    DaemonSetFacts,
     DevicePluginObservation,
     Finding,
     ImagePlatforms,
+    NodeFacts,
     Platform,
+    PodFacts,
     Problems,
+    Toleration,
 )
 
 # A pod whose Ready condition last changed this soon after it was created never was Ready:
@@ -27,27 +30,21 @@ from nodeagent.model import (
 NEVER_READY_WINDOW = 60.0
 
 
-def tolerates_taint(tolerations: Iterable[Mapping[str, Any]], key: str, effect: str) -> bool:
+def tolerates_taint(tolerations: Iterable[Toleration], key: str, effect: str) -> bool:
     """Whether a pod with these tolerations may run on a node carrying our taint.
 
     Only `operator: Exists` counts: the taint's value is the failing reason and changes, so
     an `Equal` toleration would match one reason and be evicted or kept out by the next.
     """
-    for t in tolerations:
-        if t.get("effect") not in (None, "", effect):
-            continue
-        if t.get("operator", "Equal") == "Exists" and t.get("key") in (None, "", key):
-            return True
-    return False
+    return any(t.effect in ("", effect) and t.operator == "Exists" and t.key in ("", key)
+               for t in tolerations)
 
 
-def toleration_problem(daemonset: Mapping[str, Any], key: str, effect: str) -> str | None:
+def toleration_problem(ds: DaemonSetFacts, key: str, effect: str) -> str | None:
     """A message when the DaemonSet's pods cannot run on a node with our taint, else None."""
-    spec = daemonset.get("spec", {}).get("template", {}).get("spec", {})
-    if tolerates_taint(spec.get("tolerations") or [], key, effect):
+    if tolerates_taint(ds.tolerations, key, effect):
         return None
-    meta = daemonset.get("metadata", {})
-    return (f"daemonset {meta.get('namespace')}/{meta.get('name')} does not tolerate the fabric "
+    return (f"daemonset {ds.namespace}/{ds.name} does not tolerate the fabric "
             f"taint {key}:{effect} (needs operator: Exists): while the node is tainted the "
             "plugin cannot run, so the node can never recover")
 
@@ -61,42 +58,32 @@ _MACHINES = {
 }
 
 
-def node_platform(node: Mapping[str, Any] | None, machine: str) -> Platform:
+def node_platform(node: NodeFacts | None, machine: str) -> Platform:
     """The node's platform: os and architecture as the kubelet reports them
     (`status.nodeInfo`), the variant from this machine (the kubelet does not report it)."""
-    info = (node or {}).get("status", {}).get("nodeInfo") or {}
     local_arch, variant = _MACHINES.get(machine, (machine, ""))
-    arch = info.get("architecture") or local_arch
-    return Platform(info.get("operatingSystem") or "linux", arch,
+    arch = (node.architecture if node else "") or local_arch
+    return Platform((node.os if node else "") or "linux", arch,
                     variant if arch == local_arch else "")
 
 
-def newest_pod(obs: DevicePluginObservation) -> dict[str, Any] | None:
+def newest_pod(obs: DevicePluginObservation) -> PodFacts | None:
     """The plugin's newest pod on this node: the one the DaemonSet keeps (an older one is
     leaving)."""
-    if not obs.pods:
-        return None
-    return max(obs.pods, key=lambda p: p.get("metadata", {}).get("creationTimestamp", ""))
+    return max(obs.pods, key=lambda p: p.created) if obs.pods else None
 
 
 def plugin_images(obs: DevicePluginObservation) -> list[str]:
     """The images to look up: what the newest plugin pod here runs (the digest it ran, else
     its spec image), else what the DaemonSet would run."""
     pod = newest_pod(obs)
-    if pod is not None:
-        statuses = {cs.get("name"): cs for cs in pod.get("status", {}).get("containerStatuses")
-                    or []}
-        images = []
-        for c in pod.get("spec", {}).get("containers") or []:
-            image_id = str(statuses.get(c.get("name"), {}).get("imageID") or "")
-            # imageID is repo@digest on containerd and CRI-O; a bare config digest
-            # (sha256:...) names no repository, so the spec image it is.
-            ok = "@sha256:" in image_id
-            images.append(image_id if ok else str(c.get("image") or ""))
-        return [i for i in dict.fromkeys(images) if i]
-    spec = (obs.daemonset or {}).get("spec", {}).get("template", {}).get("spec", {})
-    return [i for i in dict.fromkeys(str(c.get("image") or "")
-                                     for c in spec.get("containers") or []) if i]
+    if pod is None:
+        return list(obs.daemonset.images) if obs.daemonset else []
+    # imageID is repo@digest on containerd and CRI-O; a bare config digest (sha256:...)
+    # names no repository, so the spec image it is.
+    images = (c.image_id if "@sha256:" in c.image_id else c.spec_image
+              for c in pod.containers if c.spec_image)
+    return [i for i in dict.fromkeys(images) if i]
 
 
 def image_facts(images: Iterable[ImagePlatforms],
@@ -130,26 +117,26 @@ def runtime_facts(obs: DevicePluginObservation,
     pod = newest_pod(obs)
     if pod is None:
         return [], []
-    name = f"pod {pod.get('metadata', {}).get('namespace')}/{pod.get('metadata', {}).get('name')}"
     problems: list[tuple[str, str]] = []
     notes: list[str] = []
-    for cs in pod.get("status", {}).get("containerStatuses") or []:
-        container = str(cs.get("name") or "")
-        stored = obs.runtime_images.get(container)
+    for c in pod.containers:
+        if not c.reported:
+            continue
+        stored = obs.runtime_images.get(c.name)
         said = ""
         if stored is not None and stored.platforms:
             said = f", built for {', '.join(str(p) for p in stored.platforms)}"
-        image = f"image {cs.get('image')} ({cs.get('imageID') or 'digest unknown'}{said})"
-        failed = next((line for line in obs.log_lines.get(container, [])
+        image = f"image {c.image} ({c.image_id or 'digest unknown'}{said})"
+        failed = next((line for line in obs.log_lines.get(c.name, [])
                        if "exec format error" in line), None)
         if failed is not None:
             problems.append(("ImageArchMismatch",
-                             f"{name} container {container} logged {failed.strip()!r}: {image} "
+                             f"{pod} container {c.name} logged {failed.strip()!r}: {image} "
                              f"does not run on this node ({node})"))
         elif stored is not None and stored.platforms and not any(
                 node.runs(p) for p in stored.platforms):
             problems.append(("ImageArchMismatch",
-                             f"{name} container {container}: the runtime pulled {image}; this "
+                             f"{pod} container {c.name}: the runtime pulled {image}; this "
                              f"node is {node}: it cannot run here"))
         elif stored is not None and stored.platforms:
             notes.append(f"pulled image {node} verified by the runtime")
@@ -158,47 +145,34 @@ def runtime_facts(obs: DevicePluginObservation,
     return problems, notes
 
 
-def is_ready(pod: Mapping[str, Any]) -> bool:
-    conds = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
-def pod_problem(pod: Mapping[str, Any], seen_ready: Set[str]) -> tuple[str, str] | None:
-    meta, status = pod.get("metadata", {}), pod.get("status", {})
-    name = f"pod {meta.get('namespace')}/{meta.get('name')}"
-    statuses = status.get("containerStatuses") or []
-    for cs in statuses:
-        for state in (cs.get("state", {}), cs.get("lastState", {})):
-            message = (state.get("terminated") or {}).get("message") or ""
-            if "exec format error" in message:
+def pod_problem(pod: PodFacts, seen_ready: Set[str]) -> tuple[str, str] | None:
+    reported = [c for c in pod.containers if c.reported]
+    for c in reported:
+        for term in (c.terminated, c.last_terminated):
+            if term is not None and "exec format error" in term.message:
                 return ("ImageArchMismatch",
-                        f"{name} container {cs.get('name')}: exec format error: image "
-                        f"{cs.get('image')} ({cs.get('imageID') or 'digest unknown'}) does not "
+                        f"{pod} container {c.name}: exec format error: image "
+                        f"{c.image} ({c.image_id or 'digest unknown'}) does not "
                         "run on this node's platform")
-    if is_ready(pod):
+    if pod.ready:
         return None
-    restarts = sum(int(cs.get("restartCount") or 0) for cs in statuses)
+    restarts = sum(c.restarts for c in reported)
     last = ""
-    for cs in statuses:
-        term = (cs.get("lastState") or {}).get("terminated")
-        if term:
-            last = (f"; last termination: {term.get('reason', '?')} exit "
-                    f"{term.get('exitCode', '?')} at {term.get('finishedAt', '?')}")
-    ready_cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"),
-                      None)
-    created = timestamp(meta.get("creationTimestamp"))
-    changed = timestamp((ready_cond or {}).get("lastTransitionTime"))
-    if meta.get("uid") not in seen_ready and (
+    for c in reported:
+        if c.last_terminated is not None:
+            t = c.last_terminated
+            last = f"; last termination: {t.reason} exit {t.exit_code} at {t.finished_at}"
+    created = timestamp(pod.created)
+    changed = timestamp(pod.ready_changed)
+    if pod.uid not in seen_ready and (
         created is None or changed is None or changed - created <= NEVER_READY_WINDOW
     ):
         return ("PluginNeverReady",
-                f"{name} has never been Ready since it was created at "
-                f"{meta.get('creationTimestamp')} ({restarts} restarts{last})")
-    crashing = any((cs.get("state", {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff"
-                   for cs in statuses)
-    if crashing:
-        return ("PluginCrashLooping", f"{name} is crash-looping ({restarts} restarts{last})")
-    return ("PluginNotReady", f"{name} is not Ready ({restarts} restarts{last})")
+                f"{pod} has never been Ready since it was created at "
+                f"{pod.created or None} ({restarts} restarts{last})")
+    if any(c.waiting == "CrashLoopBackOff" for c in reported):
+        return ("PluginCrashLooping", f"{pod} is crash-looping ({restarts} restarts{last})")
+    return ("PluginNotReady", f"{pod} is not Ready ({restarts} restarts{last})")
 
 
 def device_plugin_finding(
@@ -240,9 +214,8 @@ def device_plugin_finding(
     for reason, message in image_problems if not runtime_problems else ():
         problems.fail(reason, message)
     notes = runtime_notes + notes
-    node_status = (obs.node or {}).get("status", {})
-    allocatable = quantity((node_status.get("allocatable") or {}).get(dp.resource))
-    capacity = quantity((node_status.get("capacity") or {}).get(dp.resource))
+    allocatable = quantity(obs.node.allocatable.get(dp.resource) if obs.node else None)
+    capacity = quantity(obs.node.capacity.get(dp.resource) if obs.node else None)
     if min(allocatable, capacity) < dp.min_allocatable or allocatable == 0:
         problems.fail("ResourceNotAdvertised",
                       f"{dp.resource}: allocatable {allocatable}, capacity {capacity}, "

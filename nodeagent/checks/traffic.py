@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
-from typing import Any
 
 from nodeagent.config import Config
 from nodeagent.model import (
     FABRIC_TRAFFIC_ON_RDMA,
     DevicePluginObservation,
     Finding,
+    PodFacts,
     Problems,
     RailCounters,
 )
@@ -71,21 +71,10 @@ class TrafficWindow:
         return last[1] - first[1], last[2] - first[2]
 
 
-def fabric_consumers(pods: Iterable[Mapping[str, Any]], resources: Set[str]) -> list[str]:
+def fabric_consumers(pods: Iterable[PodFacts], resources: Set[str]) -> list[str]:
     """Pods (namespace/name) that have not finished and request one of `resources`."""
-    users = []
-    for pod in pods:
-        if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        spec = pod.get("spec", {})
-        for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-            res = c.get("resources") or {}
-            asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-            if any(r in asked for r in resources):
-                meta = pod.get("metadata", {})
-                users.append(f"{meta.get('namespace')}/{meta.get('name')}")
-                break
-    return users
+    return [f"{p.namespace}/{p.name}" for p in pods
+            if p.phase not in ("Succeeded", "Failed") and p.requests_any(resources)]
 
 
 def _sum(a: int | None, b: int | None) -> int | None:

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from nodeagent.config import DevicePlugin
 from nodeagent.kube.api import Counters, call
+from nodeagent.kube.objects import plugin_observation
 from nodeagent.kube.watch import WatchedCollection, describe
 from nodeagent.model import DevicePluginObservation
 
@@ -45,18 +46,7 @@ class KubeReader:
                         query=[("fieldSelector", f"spec.nodeName={self.node}")])
         except Exception as exc:  # ApiException, timeouts, refused connections
             return DevicePluginObservation(error=describe(exc))
-        items = pods.get("items", [])
-        return DevicePluginObservation(node=node, daemonset=ds, pods=plugin_pods(items, dp),
-                                       node_pods=items)
-
-
-def plugin_pods(pods: list[dict[str, Any]], dp: DevicePlugin) -> list[dict[str, Any]]:
-    """The plugin DaemonSet's pods among a node's pods (a pod being deleted is leaving)."""
-    return [p for p in pods
-            if p.get("metadata", {}).get("namespace") == dp.namespace
-            and not p.get("metadata", {}).get("deletionTimestamp")
-            and any(o.get("kind") == "DaemonSet" and o.get("name") == dp.daemonset
-                    for o in p.get("metadata", {}).get("ownerReferences", []))]
+        return plugin_observation(node, ds, pods.get("items", []), dp.namespace, dp.daemonset)
 
 
 class WatchingReader:
@@ -92,9 +82,8 @@ class WatchingReader:
         error = node_err or ds_err or pod_err
         if error:
             return DevicePluginObservation(error=error)
-        return DevicePluginObservation(node=nodes[0] if nodes else None,
-                                       daemonset=dss[0] if dss else None,
-                                       pods=plugin_pods(pods, dp), node_pods=pods)
+        return plugin_observation(nodes[0] if nodes else None, dss[0] if dss else None, pods,
+                                  dp.namespace, dp.daemonset)
 
     def stop(self) -> None:
         for c in self.collections:

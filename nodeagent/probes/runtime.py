@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from nodeagent.io.files import describe_error, read_bytes_bounded, read_tail
-from nodeagent.model import ImagePlatforms, Platform
+from nodeagent.model import ImagePlatforms, Platform, PodFacts
 from nodeagent.probes.registry import platform_of
 
 BLOB_MAX = 1 << 20  # a manifest, index or config is a few KiB
@@ -80,14 +79,12 @@ def _restart(path: Path) -> int:
         return -1
 
 
-def container_log_lines(pods_dir: Path, pod: Mapping[str, Any], container: str,
+def container_log_lines(pods_dir: Path, pod: PodFacts, container: str,
                         keep: int = 2) -> list[str]:
     """The text of the last lines of the container's newest `keep` log files (the current
     attempt and the previous one: a crash-looping container's error is in the previous one
     while the next attempt starts). Nothing when there is no log (yet)."""
-    meta = pod.get("metadata", {})
-    directory = (pods_dir / f"{meta.get('namespace')}_{meta.get('name')}_{meta.get('uid')}"
-                 / container)
+    directory = pods_dir / f"{pod.namespace}_{pod.name}_{pod.uid}" / container
     try:
         files = sorted((p for p in directory.glob("*.log") if _restart(p) >= 0), key=_restart)
     except OSError:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from nodeagent.checks.deviceplugin import is_ready, newest_pod, plugin_images
+from nodeagent.checks.deviceplugin import newest_pod, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry, Runtime
 from nodeagent.io.files import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
@@ -85,12 +85,12 @@ def with_runtime_facts(obs: DevicePluginObservation, runtime: Runtime) -> Device
         return obs
     images: dict[str, ImagePlatforms] = {}
     logs: dict[str, list[str]] = {}
-    for cs in pod.get("status", {}).get("containerStatuses") or []:
-        name = str(cs.get("name") or "")
-        if cs.get("imageID"):
-            images[name] = stored_image_platforms(runtime.content_store, str(cs.get("image")),
-                                                  str(cs["imageID"]))
-        logs[name] = container_log_lines(runtime.pod_logs, pod, name)
+    for c in pod.containers:
+        if not c.reported:
+            continue
+        if c.image_id:
+            images[c.name] = stored_image_platforms(runtime.content_store, c.image, c.image_id)
+        logs[c.name] = container_log_lines(runtime.pod_logs, pod, c.name)
     return replace(obs, runtime_images=images, log_lines=logs)
 
 
@@ -129,8 +129,7 @@ class DevicePluginMonitor(threading.Thread):
         self.seen_ready = load_seen_ready(cfg)
 
     def remember(self, obs: DevicePluginObservation) -> None:
-        new = [p["metadata"]["uid"] for p in obs.pods
-               if is_ready(p) and p.get("metadata", {}).get("uid") not in self.seen_ready]
+        new = [p.uid for p in obs.pods if p.ready and p.uid and p.uid not in self.seen_ready]
         if not new:
             return
         self.seen_ready = (self.seen_ready + new)[-MAX_REMEMBERED:]

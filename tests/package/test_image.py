@@ -19,6 +19,7 @@ import pytest
 
 from nodeagent import __version__
 from nodeagent.checks.deviceplugin import image_facts, node_platform
+from nodeagent.kube.objects import parse_node
 from nodeagent.model import Platform
 from nodeagent.probes.registry import RegistryClient
 from tests.kit.helpers import build_cache
@@ -127,7 +128,8 @@ def test_the_pushed_image_passes_the_agents_own_platform_check(
     problems, notes = image_facts([found], node_platform(None, "x86_64"))
     assert problems == []
     assert notes == [f"image linux/amd64 verified ({agent_image.index_digest[:19]})"]
-    arm_node = node_platform({"status": {"nodeInfo": {"architecture": "arm64"}}}, "aarch64")
+    arm_node = node_platform(parse_node({"status": {"nodeInfo": {"architecture": "arm64"}}}),
+                             "aarch64")
     problems, _ = image_facts([found], arm_node)
     assert [reason for reason, _ in problems] == ["ImageArchMismatch"]
     assert "built for linux/amd64" in problems[0][1]

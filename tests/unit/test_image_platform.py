@@ -15,6 +15,7 @@ from nodeagent.checks.deviceplugin import (
     plugin_images,
 )
 from nodeagent.config import parse_config
+from nodeagent.kube.objects import parse_node, plugin_observation
 from nodeagent.model import DevicePluginObservation, ImagePlatforms, Platform
 from nodeagent.probes.registry import ImageRef, RegistryError, load_credentials, parse_image
 
@@ -95,8 +96,8 @@ def test_platform_runs(node: Platform, image: Platform, runs: bool) -> None:
 
 def test_node_platform_from_node_info_and_machine() -> None:
     node = {"status": {"nodeInfo": {"operatingSystem": "linux", "architecture": "arm64"}}}
-    assert node_platform(node, "aarch64") == Platform("linux", "arm64", "v8")
-    assert node_platform(node, "x86_64") == Platform("linux", "arm64"), \
+    assert node_platform(parse_node(node), "aarch64") == Platform("linux", "arm64", "v8")
+    assert node_platform(parse_node(node), "x86_64") == Platform("linux", "arm64"), \
         "the kubelet's word wins; the variant only when the machine agrees"
     assert node_platform(None, "x86_64") == Platform("linux", "amd64")
 
@@ -110,7 +111,7 @@ def pod(name: str, created: str, containers: dict[str, tuple[str, str]]) -> dict
 
 
 def test_plugin_images_prefer_the_digest_that_ran() -> None:
-    obs = DevicePluginObservation(pods=[
+    obs = plugin_observation(pods=[
         pod("old", "2026-01-01T00:00:00Z", {"dp": ("r.io/dp:1", f"r.io/dp@{D}")}),
         pod("new", "2026-02-01T00:00:00Z", {"dp": ("r.io/dp:2", f"docker-pullable://r.io/dp@{D}"),
                                             "side": ("r.io/side:1", "sha256:" + "b" * 64)}),
@@ -120,7 +121,7 @@ def test_plugin_images_prefer_the_digest_that_ran() -> None:
 
 def test_plugin_images_without_a_pod_come_from_the_daemonset() -> None:
     ds = {"spec": {"template": {"spec": {"containers": [{"name": "dp", "image": "r.io/dp:3"}]}}}}
-    assert plugin_images(DevicePluginObservation(daemonset=ds)) == ["r.io/dp:3"]
+    assert plugin_images(plugin_observation(daemonset=ds)) == ["r.io/dp:3"]
     assert plugin_images(DevicePluginObservation()) == []
 
 
@@ -142,7 +143,7 @@ def test_image_facts() -> None:
 
 
 def ready_plugin(images: tuple[ImagePlatforms, ...]) -> DevicePluginObservation:
-    return DevicePluginObservation(
+    return plugin_observation(
         node={"status": {"nodeInfo": {"operatingSystem": "linux", "architecture": "amd64"},
                          "allocatable": {"rdma/hca": "4"}, "capacity": {"rdma/hca": "4"}}},
         daemonset={"metadata": {"namespace": "kube-system", "name": "dp"},

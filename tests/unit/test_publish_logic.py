@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
+from nodeagent.kube.objects import parse_daemonset
+from nodeagent.kube.objects import parse_tolerations as T
 from nodeagent.model import Finding
 from nodeagent.publish.node import (
     CORDON_ANNOTATION,
@@ -112,17 +114,17 @@ def test_cordon_never_lifts_someone_elses() -> None:
 
 
 def test_tolerations() -> None:
-    assert tolerates_taint([{"operator": "Exists"}], KEY, EFFECT)
-    assert tolerates_taint([{"key": KEY, "operator": "Exists", "effect": EFFECT}], KEY, EFFECT)
-    assert not tolerates_taint([{"key": KEY, "operator": "Equal", "value": "NoCarrier"}],
-                               KEY, EFFECT)
-    assert not tolerates_taint([{"key": KEY, "operator": "Exists", "effect": "NoExecute"}],
-                               KEY, EFFECT)
-    assert not tolerates_taint([{"key": "node.kubernetes.io/unschedulable",
-                                 "operator": "Exists"}], KEY, EFFECT)
+    assert tolerates_taint(T([{"operator": "Exists"}]), KEY, EFFECT)
+    assert tolerates_taint(T([{"key": KEY, "operator": "Exists", "effect": EFFECT}]), KEY, EFFECT)
+    assert not tolerates_taint(T([{"key": KEY, "operator": "Equal", "value": "NoCarrier"}],
+                               ), KEY, EFFECT)
+    assert not tolerates_taint(T([{"key": KEY, "operator": "Exists", "effect": "NoExecute"}],
+                               ), KEY, EFFECT)
+    assert not tolerates_taint(T([{"key": "node.kubernetes.io/unschedulable",
+                                 "operator": "Exists"}]), KEY, EFFECT)
     ds = {"metadata": {"namespace": "kube-system", "name": "rdma-dp"},
           "spec": {"template": {"spec": {"tolerations": []}}}}
-    problem = toleration_problem(ds, KEY, EFFECT)
+    problem = toleration_problem(parse_daemonset(ds), KEY, EFFECT)
     assert problem is not None and problem.startswith(
         "daemonset kube-system/rdma-dp does not tolerate the fabric taint")
 

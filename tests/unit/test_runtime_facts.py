@@ -14,6 +14,7 @@ from typing import Any
 
 from nodeagent.checks.deviceplugin import device_plugin_finding, runtime_facts
 from nodeagent.config import parse_config
+from nodeagent.kube.objects import parse_daemonset, parse_pod, plugin_observation
 from nodeagent.model import DevicePluginObservation, Platform
 from nodeagent.probes.runtime import (
     LOG_TAIL,
@@ -94,16 +95,16 @@ def test_log_lines_from_the_newest_two_attempts(tmp_path: Path) -> None:
     write_log(tmp_path, 2, "partial")
     (tmp_path / "kube-system_rdma-dp-x7k2p_f8d47397-5ade-4eab-aab6-fa00af6b77a9" / "dp"
      / "notes.log").write_text("2026-12-01T14:05:18Z stderr F ignored\n")
-    assert container_log_lines(tmp_path, POD, "dp") == ["exec /app: exec format error",
+    assert container_log_lines(tmp_path, parse_pod(POD), "dp") == ["exec /app: exec format error",
                                                          "partial"]
-    assert container_log_lines(tmp_path, POD, "other") == []
-    assert container_log_lines(tmp_path / "absent", POD, "dp") == []
+    assert container_log_lines(tmp_path, parse_pod(POD), "other") == []
+    assert container_log_lines(tmp_path / "absent", parse_pod(POD), "dp") == []
 
 
 def test_a_long_log_is_read_from_its_end(tmp_path: Path) -> None:
     path = write_log(tmp_path, 0, *(["x" * 200] * 1000), "exec /app: exec format error")
     assert path.stat().st_size > LOG_TAIL
-    lines = container_log_lines(tmp_path, POD, "dp")
+    lines = container_log_lines(tmp_path, parse_pod(POD), "dp")
     assert lines[-1] == "exec /app: exec format error"
     assert all(line == "x" * 200 for line in lines[:-1])  # no torn first line
 
@@ -112,7 +113,7 @@ def plugin_obs(tmp_path: Path, image_id: str, state: dict[str, Any]) -> DevicePl
     pod = {**POD, "status": {"containerStatuses": [{
         "name": "dp", "image": "reg/dp:1", "imageID": image_id, "ready": False,
         "restartCount": 2, **state}]}}
-    obs = DevicePluginObservation(node={"status": {"nodeInfo": {
+    obs = plugin_observation(node={"status": {"nodeInfo": {
         "operatingSystem": "linux", "architecture": "amd64"}}}, pods=[pod], machine="x86_64")
     cfg = parse_config({"device_plugin": {"runtime": {
         "content_store": str(tmp_path / "store"), "pod_logs": str(tmp_path / "pods")}}})
@@ -153,7 +154,7 @@ def test_mismatch_is_the_reason_over_crash_looping(tmp_path: Path) -> None:
     config = store_blob(tmp_path / "store", {"architecture": "amd64", "os": "linux"})
     write_log(tmp_path / "pods", 1, "exec /app: exec format error")
     ds = {"spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}]}}}}
-    obs = replace(plugin_obs(tmp_path, config, CRASHED), daemonset=ds)
+    obs = replace(plugin_obs(tmp_path, config, CRASHED), daemonset=parse_daemonset(ds))
     cfg = parse_config({"kubernetes": {}, "device_plugin": {"min_allocatable": 0}})
     f = device_plugin_finding(cfg, obs)
     assert (f.status, f.reason) == ("False", "ImageArchMismatch")

@@ -14,6 +14,7 @@ from nodeagent.checks.traffic import (
     traffic_finding,
 )
 from nodeagent.config import Config, parse_config
+from nodeagent.kube.objects import parse_pod
 from nodeagent.model import RailCounters
 from nodeagent.probes.counters import read_rail_counters
 
@@ -142,7 +143,8 @@ def test_fabric_consumers() -> None:
             pod("rdma", "Pending", requests={"rdma/hca": "1"}),
             pod("done", "Succeeded", limits={"nvidia.com/gpu": "8"}),
             pod("web", "Running", requests={"cpu": "1"})]
-    assert fabric_consumers(pods, {"nvidia.com/gpu", "rdma/hca"}) == ["ml/train", "ml/rdma"]
+    assert fabric_consumers(map(parse_pod, pods), {"nvidia.com/gpu", "rdma/hca"}) == [
+        "ml/train", "ml/rdma"]
 
 
 def rxe_port(root: Path, sent: int, rcvd: int) -> None:
