@@ -114,8 +114,8 @@ def test_watching_reader_across_an_api_server_restart(own_apiserver: ApiServer) 
         core.patch_node_status("node-a", {"status": {"capacity": {"rdma/hca": "2"},
                                                      "allocatable": {"rdma/hca": "2"}}},
                                _content_type="application/merge-patch+json")
-        wait_for(lambda: (reader.device_plugin(dp).node or {}).get("status", {})
-                 .get("allocatable", {}).get("rdma/hca") == "2", timeout=60,
+        wait_for(lambda: (node := reader.device_plugin(dp).node) is not None
+                 and node.allocatable.get("rdma/hca") == "2", timeout=60,
                  what="the node's newest state after the restart")
         assert device_plugin_finding(cfg, reader.device_plugin(dp)).reason == "DaemonSetMissing"
     finally:
