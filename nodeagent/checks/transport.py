@@ -62,7 +62,7 @@ def transport_finding(cfg: Config, results: Mapping[str, TransportResult],
                              f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
         elif got.ok:
             fine.append(describe(got))
-        elif got.step is not None and got.step in STEP_REASONS:
+        elif got.step in STEP_REASONS:
             problems.fail(STEP_REASONS[got.step], describe(got))
         else:
             problems.unknown(UNVERIFIED, describe(got))
