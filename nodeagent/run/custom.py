@@ -9,12 +9,12 @@ as unknown; one that cannot be started is unknown, naming why.
 
 from __future__ import annotations
 
-import threading
 import time
 
 from nodeagent.config import Config, CustomCheck
 from nodeagent.io.commands import run_bounded
 from nodeagent.io.files import printable
+from nodeagent.io.periodic import Periodic
 from nodeagent.model import CustomCheckResult
 from nodeagent.run.work import CustomChecksSeen, Deliver
 
@@ -45,44 +45,36 @@ def run_all(cfg: Config) -> dict[str, CustomCheckResult]:
                                            else [])}
 
 
-class CustomChecksMonitor(threading.Thread):
+class CustomChecksMonitor(Periodic):
     """Runs the checks that are due, one at a time (a hung one costs at most its timeout),
     and delivers every result so far after each round."""
 
     def __init__(self, cfg: Config, deliver: Deliver) -> None:
-        super().__init__(name="custom-checks", daemon=True)
+        super().__init__("custom-checks")
         self.cfg = cfg
         self.deliver = deliver
-        self._halt = threading.Event()
-        self._wake = threading.Event()
         self.results: dict[str, CustomCheckResult] = {}
         self._due: dict[str, float] = {}
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            checks = self.cfg.custom_checks.checks if self.cfg.custom_checks else []
-            names = {c.name for c in checks}
-            self.results = {n: r for n, r in self.results.items() if n in names}
-            now = time.monotonic()
-            ran = False
-            for check in checks:
-                if self._halt.is_set():
-                    return
-                if self._due.get(check.name, 0.0) <= now:
-                    self.results[check.name] = run_check(check)
-                    self._due[check.name] = time.monotonic() + check.interval
-                    ran = True
-            if ran:
-                self.deliver(CustomChecksSeen(dict(self.results)))
-            nxt = min((self._due.get(c.name, 0.0) for c in checks), default=now + 30.0)
-            self._wake.wait(max(0.05, nxt - time.monotonic()))
-            self._wake.clear()
+    def turn(self) -> float:
+        checks = self.cfg.custom_checks.checks if self.cfg.custom_checks else []
+        names = {c.name for c in checks}
+        self.results = {n: r for n, r in self.results.items() if n in names}
+        now = time.monotonic()
+        ran = False
+        for check in checks:
+            if self.halted:
+                return 0.0
+            if self._due.get(check.name, 0.0) <= now:
+                self.results[check.name] = run_check(check)
+                self._due[check.name] = time.monotonic() + check.interval
+                ran = True
+        if ran:
+            self.deliver(CustomChecksSeen(dict(self.results)))
+        nxt = min((self._due.get(c.name, 0.0) for c in checks), default=now + 30.0)
+        return max(0.05, nxt - time.monotonic())
 
     def wake(self) -> None:
         """New settings: run every check now."""
         self._due.clear()
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self._wake.set()
+        super().wake()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import threading
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from nodeagent.checks.deviceplugin import newest_pod, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry, Runtime
 from nodeagent.io.files import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
+from nodeagent.io.periodic import Periodic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
 from nodeagent.probes.runtime import container_log_lines, stored_image_platforms
@@ -107,7 +107,7 @@ def load_seen_ready(cfg: Config) -> list[str]:
     return [u for u in data if isinstance(u, str)][:10_000] if isinstance(data, list) else []
 
 
-class DevicePluginMonitor(threading.Thread):
+class DevicePluginMonitor(Periodic):
     """Delivers an observation when the watched objects change (coalesced) and at least
     every `interval` (the registry lookups, cached per digest, run then too)."""
 
@@ -120,12 +120,10 @@ class DevicePluginMonitor(threading.Thread):
                                                              DevicePluginObservation]],
         deliver: Deliver,
     ) -> None:
-        super().__init__(name="device-plugin-monitor", daemon=True)
+        super().__init__("device-plugin-monitor")
         self.cfg = cfg
-        self._wake = threading.Event()
-        self.read = make_reader(self._wake.set)
+        self.read = make_reader(self.wake)
         self.deliver = deliver
-        self._halt = threading.Event()
         self.seen_ready = load_seen_ready(cfg)
 
     def remember(self, obs: DevicePluginObservation) -> None:
@@ -138,22 +136,17 @@ class DevicePluginMonitor(threading.Thread):
         except OSError as exc:
             log.error("cannot save %s: %s", SEEN_FILE, exc)
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            dp = self.cfg.device_plugin  # may change on reload
-            if dp is None:
-                self._halt.wait(30.0)
-                continue
-            self._wake.clear()
-            obs = self.read(dp)
-            self.remember(obs)
-            self.deliver(PluginSeen(obs, frozenset(self.seen_ready)))
-            if self._wake.wait(dp.interval):
-                self._halt.wait(self.COALESCE)
+    def turn(self) -> float:
+        dp = self.cfg.device_plugin  # may change on reload
+        if dp is None:
+            return 30.0
+        obs = self.read(dp)
+        self.remember(obs)
+        self.deliver(PluginSeen(obs, frozenset(self.seen_ready)))
+        return dp.interval
 
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self._wake.set()
+    def pause(self, seconds: float) -> bool:
+        woken = super().pause(seconds)
+        if woken and not self.halted:
+            self._halt.wait(self.COALESCE)
+        return woken

@@ -15,13 +15,13 @@ updates a moment after the event is seen as soon as it settles.
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.io.files import read_attribute
+from nodeagent.io.periodic import Periodic
 from nodeagent.run.work import Deliver, GidSlotsMoved
 
 Slot = tuple[str, int, int]  # device, port, index
@@ -43,11 +43,11 @@ def read_slots(sysfs: Path, slots: Iterable[Slot], where: Where) -> dict[Slot, s
     return out
 
 
-class GidSlotWatcher(threading.Thread):
+class GidSlotWatcher(Periodic):
     """The GID-slot source: delivers GidSlotsMoved when a watched slot changes."""
 
     def __init__(self, sysfs: Path, deliver: Deliver, interval: float = INTERVAL) -> None:
-        super().__init__(name="gid-slot-watcher", daemon=True)
+        super().__init__("gid-slot-watcher")
         self.sysfs = sysfs
         self.deliver = deliver
         self.interval = interval
@@ -55,35 +55,24 @@ class GidSlotWatcher(threading.Thread):
         self._slots: frozenset[Slot] = frozenset()
         self._last: dict[Slot, str | None] = {}
         self._settle_until = 0.0
-        self._wake = threading.Event()
-        self._halt = threading.Event()
-        self.looks = 0
 
     def watch(self, slots: Iterable[Slot]) -> None:
         """The slots to watch from now on (set by the loop after each pass)."""
         new = frozenset(slots)
         if new != self._slots:
             self._slots = new
-            self._wake.set()
+            self.wake()
 
     def settle(self) -> None:
         self._settle_until = time.monotonic() + SETTLE_FOR
-        self._wake.set()
+        self.wake()
 
-    def stop(self) -> None:
-        self._halt.set()
-        self._wake.set()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            got = self.reads.one("gid slots",
-                                 functools.partial(read_slots, self.sysfs, self._slots))
-            self.looks += 1
-            if not isinstance(got, Stuck):
-                known = {s: v for s, v in got.items() if s in self._last}
-                if any(self._last[s] != v for s, v in known.items()):
-                    self.deliver(GidSlotsMoved())
-                self._last = got
-            fast = time.monotonic() < self._settle_until
-            self._wake.wait(SETTLE_INTERVAL if fast else self.interval)
-            self._wake.clear()
+    def turn(self) -> float:
+        got = self.reads.one("gid slots", functools.partial(read_slots, self.sysfs, self._slots))
+        if not isinstance(got, Stuck):
+            known = {s: v for s, v in got.items() if s in self._last}
+            if any(self._last[s] != v for s, v in known.items()):
+                self.deliver(GidSlotsMoved())
+            self._last = got
+        fast = time.monotonic() < self._settle_until
+        return SETTLE_INTERVAL if fast else self.interval

@@ -7,11 +7,11 @@ never holds up the netlink loop.
 from __future__ import annotations
 
 import logging
-import threading
 
 from nodeagent.checks.lustre import mount_problems
 from nodeagent.config import Config
 from nodeagent.io.commands import BoundedRunner
+from nodeagent.io.periodic import Periodic
 from nodeagent.model import LustreObservation
 from nodeagent.probes.lustre import observe_lustre
 from nodeagent.remedies.lustre import remount
@@ -42,28 +42,22 @@ def look_and_repair(
     return obs, done, errors
 
 
-class LustreMonitor(threading.Thread):
+class LustreMonitor(Periodic):
     """The Lustre source: probes the mounts every `lustre_interval` (a remount when one is
     configured and due) and delivers each look as LustreSeen."""
 
     def __init__(self, cfg: Config, deliver: Deliver):
-        super().__init__(name="lustre-monitor", daemon=True)
+        super().__init__("lustre-monitor")
         self.cfg = cfg
         self.deliver = deliver
         self.runner = BoundedRunner()
-        self._halt = threading.Event()
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                obs, done, errors = look_and_repair(self.cfg, self.runner, repair=True)
-            except Exception as exc:  # a probe bug must not end Lustre checking silently
-                log.error("lustre probe failed: %s", exc)
-            else:
-                for line in errors:
-                    log.error("%s", line)
-                self.deliver(LustreSeen(obs, tuple(done)))
-            self._halt.wait(self.cfg.lustre_interval)
+    def turn(self) -> float:
+        obs, done, errors = look_and_repair(self.cfg, self.runner, repair=True)
+        for line in errors:
+            log.error("%s", line)
+        self.deliver(LustreSeen(obs, tuple(done)))
+        return self.cfg.lustre_interval
 
-    def stop(self) -> None:
-        self._halt.set()
+    def after_failure(self) -> float:
+        return self.cfg.lustre_interval

@@ -8,12 +8,12 @@ holds a GID entry while the agent re-pins it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from nodeagent.config import Config, Transport
+from nodeagent.io.periodic import Periodic
 from nodeagent.model import TransportResult
 from nodeagent.probes.transport import probe_rail
 from nodeagent.run.work import Deliver, TransportSeen
@@ -49,33 +49,21 @@ def probe_targets(targets: Targets, tr: Transport,
     return TransportSeen(results, dict(targets.skipped))
 
 
-class TransportMonitor(threading.Thread):
+class TransportMonitor(Periodic):
+    """The transport source: probes every target rail each `probe_interval`, and at once
+    when the loop wakes it (new targets)."""
+
     def __init__(self, cfg: Config, deliver: Deliver) -> None:
-        super().__init__(name="transport-probe", daemon=True)
+        super().__init__("transport-probe")
         self.cfg = cfg
         self.deliver = deliver
         self.targets: Targets | None = None  # set by the loop after a pass
-        self._halt = threading.Event()
-        self._wake = threading.Event()
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            tr = self.cfg.transport
-            targets = self.targets
-            if tr is None or targets is None:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            seen = probe_targets(targets, tr, self._halt.is_set)
-            if self._halt.is_set():
-                return
+    def turn(self) -> float:
+        tr, targets = self.cfg.transport, self.targets
+        if tr is None or targets is None:
+            return 1.0
+        seen = probe_targets(targets, tr, lambda: self.halted)
+        if not self.halted:
             self.deliver(seen)
-            self._wake.wait(tr.probe_interval)
-            self._wake.clear()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self._wake.set()
+        return tr.probe_interval

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import queue
+import threading
 from pathlib import Path
 
+import pytest
+
+from nodeagent.io.periodic import Periodic
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.work import GidSlotsMoved, Work
 from tests.kit.helpers import gid_text, make_gid_tree, roce_entries, wait_for
@@ -18,8 +23,8 @@ def test_the_gid_slot_source_delivers_a_move_and_nothing_else(tmp_path: Path) ->
     watcher.watch([("mlx5_0", 1, 3)])
     watcher.start()
     try:
-        looked = watcher.looks
-        wait_for(lambda: watcher.looks >= looked + 5, what="a few looks at the slot")
+        looked = watcher.turns
+        wait_for(lambda: watcher.turns >= looked + 5, what="a few looks at the slot")
         assert got.empty(), "an unchanged slot delivers nothing"
         slot = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "gids" / "3"
         slot.write_text(gid_text("::ffff:10.10.0.99") + "\n")  # changed in place: no event at all
@@ -49,3 +54,56 @@ def test_work_taken_during_a_pass_reaches_the_loop_in_order() -> None:
     assert [type(g[0]).__name__ if g else None for g in got] == [
         "NodeChanged", "NetlinkEvent", "StopAsked", "NodeChanged", None]
     assert all(g is None or g[1] is False for g in got), "nothing here was a deletion"
+
+
+class _Turns(Periodic):
+    """A source whose turn blocks until the test lets it go, then asks for a long pause."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        super().__init__("test-source")
+        self.entered = threading.Semaphore(0)
+        self.go = threading.Event()
+        self.fail_first = fail_first
+
+    def turn(self) -> float:
+        self.entered.release()
+        self.go.wait(5)
+        if self.fail_first:
+            self.fail_first = False
+            raise RuntimeError("a probe's bug")
+        return 3600.0
+
+    def after_failure(self) -> float:
+        return 0.0
+
+
+def test_a_wake_during_a_turn_asks_for_one_more_and_stop_ends_a_long_pause() -> None:
+    source = _Turns()
+    source.start()
+    try:
+        assert source.entered.acquire(timeout=5)
+        source.wake()  # while the turn runs: what it read may be older than the wake
+        source.go.set()
+        assert source.entered.acquire(timeout=5), "a second turn, not an hour's pause"
+        assert not source.entered.acquire(timeout=0.3), "one wake: one more turn"
+    finally:
+        source.stop()
+        source.join(timeout=5)
+    assert not source.is_alive(), "stop() ends the pause"
+    assert source.turns == 2
+
+
+def test_a_turn_that_raises_is_logged_and_the_source_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    source = _Turns(fail_first=True)
+    source.go.set()
+    with caplog.at_level(logging.ERROR):
+        source.start()
+        try:
+            assert source.entered.acquire(timeout=5)
+            assert source.entered.acquire(timeout=5), "the turn after the failure"
+        finally:
+            source.stop()
+            source.join(timeout=5)
+    assert "test-source failed: a probe's bug" in caplog.text
