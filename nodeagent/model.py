@@ -199,6 +199,27 @@ class Deletion:
     rule: RuleInfo | None = None
 
 
+class EventKind(Words):
+    LINK = "link"
+    ADDRESS = "address"
+    ROUTE = "route"
+    RULE = "rule"
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One rtnetlink message, decoded on the netlink thread into what the loop uses, so
+    the loop never walks a message's attributes."""
+
+    kind: EventKind
+    index: int | None = None  # the link's (links, addresses) or the route's output interface
+    ifname: str | None = None  # links
+    table: int | None = None  # routes and rules (RTA_TABLE/FRA_TABLE: tables past 255)
+    src: str | None = None  # a rule's source address, a route's preferred source
+    link: LinkState | None = None  # a link's state as the kernel announced it
+    deletion: Deletion | None = None  # an IPv4 address, route or rule removed
+
+
 @dataclass(frozen=True)
 class RailObservation:
     """Everything the netlink and sysctl probes saw of one rail at one instant."""

@@ -20,6 +20,8 @@ from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.model import (
     AddressInfo,
     Deletion,
+    EventKind,
+    KernelEvent,
     LinkState,
     RailObservation,
     RouteInfo,
@@ -90,6 +92,34 @@ def _rule_from_msg(msg: Any) -> RuleInfo:
         src=f"{src}/{msg['src_len']}" if src else None,
         table=int(a.get("FRA_TABLE") or msg["table"]),
     )
+
+
+_KINDS = {"RTM_NEWLINK": EventKind.LINK, "RTM_DELLINK": EventKind.LINK,
+          "RTM_NEWADDR": EventKind.ADDRESS, "RTM_DELADDR": EventKind.ADDRESS,
+          "RTM_NEWROUTE": EventKind.ROUTE, "RTM_DELROUTE": EventKind.ROUTE,
+          "RTM_NEWRULE": EventKind.RULE, "RTM_DELRULE": EventKind.RULE}
+
+
+def kernel_event(msg: Any) -> KernelEvent | None:
+    """An rtnetlink multicast message typed (None: of a kind the agent does not follow).
+    Raises KeyError, TypeError or ValueError for a message of a shape we do not know."""
+    kind = _KINDS.get(str(msg.get("event", "")))
+    if kind is None:
+        return None
+    deletion = deletion_from_msg(msg)
+    if kind is EventKind.LINK:
+        link = link_from_msg(msg)  # a deleted link's last state is no observation
+        return KernelEvent(kind, index=link.index, ifname=link.ifname,
+                           link=None if msg["event"] == "RTM_DELLINK" else link)
+    if kind is EventKind.ADDRESS:
+        return KernelEvent(kind, index=int(msg["index"]), deletion=deletion)
+    if kind is EventKind.ROUTE:
+        route = _route_from_msg(msg)
+        return KernelEvent(kind, index=route.oif, table=route.table, src=route.prefsrc,
+                           deletion=deletion)
+    rule = _rule_from_msg(msg)
+    src = rule.src.split("/")[0] if rule.src else None
+    return KernelEvent(kind, table=rule.table, src=src, deletion=deletion)
 
 
 def deletion_from_msg(msg: Any) -> Deletion | None:

@@ -26,12 +26,13 @@ from nodeagent.io.systemd import CONDITION, REASON, Notifier
 from nodeagent.model import (
     FABRIC_READY,
     DaemonState,
+    EventKind,
+    KernelEvent,
     LustreProbeStatus,
     RailObservation,
     Report,
     Status,
 )
-from nodeagent.probes.netlink import deletion_from_msg
 from nodeagent.publish.status import DaemonLock, write_status
 from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.rails import RailHistory, RailIndex
@@ -175,18 +176,18 @@ class Agent:
 
     # ------------------------------------------------------------ events
 
-    def rails_for(self, msg: Mapping[str, object]) -> set[str]:
-        """Which rails an rtnetlink message touches; what the kernel does next follows
-        from it (carrier changes counted from the event, the GID table read again)."""
-        hit = self.index.rails_for(msg, self.store.observations)
-        event = str(msg.get("event", ""))
-        if event == "RTM_NEWLINK":
-            rail = self.index.by_name.get(str(msg.get("ifname")))
+    def rails_for(self, event: KernelEvent) -> set[str]:
+        """Which rails a kernel event touches; what the kernel does next follows from it
+        (carrier changes counted from the event, the GID table read again)."""
+        hit = self.index.rails_for(event, self.store.observations)
+        if event.link is not None:
+            rail = self.index.by_name.get(event.link.ifname)
             if rail:
-                self.history.link_event(self.clock(), rail, msg)
-        if ("ADDR" in event or "LINK" in event) and hit and self.evaluator is not None:
+                self.history.link_event(self.clock(), rail, event.link)
+        gid_work = event.kind in (EventKind.ADDRESS, EventKind.LINK)
+        if gid_work and hit and self.evaluator is not None:
             self.evaluator.mark_gid_stale()  # the kernel's GID work follows these
-        if "ADDR" in event and hit and self.sources.gid_watcher is not None:
+        if event.kind is EventKind.ADDRESS and hit and self.sources.gid_watcher is not None:
             # The kernel's GID work follows an address change asynchronously: look at the
             # slots closely until the table has settled.
             self.sources.gid_watcher.settle()
@@ -215,11 +216,10 @@ class Agent:
             times.append(self.clock() + self.cfg.gid_repin_poll)
         return min((t for t in times if t is not None), default=None)
 
-    def repair_from_event(self, msg: Mapping[str, object], rails: set[str],
-                          early: Repairs) -> None:
+    def repair_from_event(self, event: KernelEvent, rails: set[str], early: Repairs) -> None:
         """A deletion of something a rail owns is repaired from the event itself, before
         the rail is probed (the pass that follows verifies it)."""
-        gone = deletion_from_msg(msg)
+        gone = event.deletion
         if gone is None or self.evaluator is None:
             return
         paused, _ = self.overrides()
@@ -234,10 +234,10 @@ class Agent:
         Whatever is taken off the queue goes to the loop next, in order."""
         for item in self.work.take_all():
             repaired = False
-            if isinstance(item, NetlinkEvent) and deletion_from_msg(item.msg) is not None:
-                hit = self.rails_for(item.msg)
+            if isinstance(item, NetlinkEvent) and item.event.deletion is not None:
+                hit = self.rails_for(item.event)
                 if hit:
-                    self.repair_from_event(item.msg, hit, self._early)
+                    self.repair_from_event(item.event, hit, self._early)
                     repaired = True
             self.work.put_back(item, repaired)
 
@@ -438,9 +438,9 @@ class Agent:
                 if self.sources.netlink is not None:
                     self.sources.netlink.resync_pending.clear()  # later overflows: a new one
             case NetlinkEvent():
-                hit = self.rails_for(item.msg)
+                hit = self.rails_for(item.event)
                 if hit and not repaired:
-                    self.repair_from_event(item.msg, hit, early)
+                    self.repair_from_event(item.event, hit, early)
                 plan.rails |= hit
             case NodeChanged():
                 plan.status_only = True

@@ -23,6 +23,7 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_LINK,
 )
 
+from nodeagent.probes.netlink import kernel_event
 from nodeagent.run.work import Deliver, EventsLost, NetlinkEvent
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,15 @@ class NetlinkMonitor(threading.Thread):
                     return True
                 raise
             for msg in msgs:
-                self.deliver(NetlinkEvent(msg))
+                try:
+                    event = kernel_event(msg)
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("an rtnetlink message of a shape not known (%s): full resync",
+                                exc)
+                    self._resync()
+                    continue
+                if event is not None:
+                    self.deliver(NetlinkEvent(event))
         return False
 
 

@@ -8,8 +8,7 @@ from typing import Any
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config
-from nodeagent.model import RailObservation
-from nodeagent.probes.netlink import link_from_msg
+from nodeagent.model import EventKind, KernelEvent, LinkState, RailObservation
 
 
 class RailIndex:
@@ -20,26 +19,21 @@ class RailIndex:
         self.by_table = {r.table: r.name for r in cfg.rails if r.table is not None}
         self.by_ip = {r.ip: r.name for r in cfg.rails}
 
-    def rails_for(self, msg: Any, observations: Mapping[str, RailObservation]) -> set[str]:
-        """Which rails an rtnetlink message touches (by ifindex, interface name, table or
-        source address)."""
-        event = str(msg.get("event", ""))
+    def rails_for(self, event: KernelEvent,
+                  observations: Mapping[str, RailObservation]) -> set[str]:
+        """Which rails a kernel event touches (by ifindex, interface name, table or source
+        address)."""
         hit: set[str] = set()
-        index = msg.get("index") if "LINK" in event or "ADDR" in event else msg.get("oif")
-        for name, obs in observations.items():
-            if obs.link is not None and index is not None and obs.link.index == index:
-                hit.add(name)
-        if "LINK" in event:
-            rail = self.by_name.get(str(msg.get("ifname")))
-            if rail:
-                hit.add(rail)
-        if "ROUTE" in event or "RULE" in event:
-            table = msg.get("table")
-            if table in self.by_table:
-                hit.add(self.by_table[table])
-            src = msg.get("src")
-            if src in self.by_ip:
-                hit.add(self.by_ip[src])
+        if event.index is not None:
+            hit.update(name for name, obs in observations.items()
+                       if obs.link is not None and obs.link.index == event.index)
+        if event.kind is EventKind.LINK and event.ifname in self.by_name:
+            hit.add(self.by_name[event.ifname])
+        if event.kind in (EventKind.ROUTE, EventKind.RULE):
+            if event.table in self.by_table:
+                hit.add(self.by_table[event.table])
+            if event.src in self.by_ip:
+                hit.add(self.by_ip[event.src])
         return hit
 
 
@@ -65,10 +59,10 @@ class RailHistory:
         self.guard.max_repairs, self.guard.window = guard.max_repairs, guard.window
         self.guard.backoff = guard.backoff
 
-    def link_event(self, now: float, rail: str, msg: Any) -> None:
+    def link_event(self, now: float, rail: str, link: LinkState) -> None:
         """Count carrier changes from a RTM_NEWLINK itself, not a later probe."""
         if rail in self.flaps:
-            self.flaps[rail].observe(now, link_from_msg(msg))
+            self.flaps[rail].observe(now, link)
 
     def observed(self, now: float, observations: Mapping[str, RailObservation]) -> None:
         for name, obs in observations.items():

@@ -15,13 +15,14 @@ import queue
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from nodeagent.config import Config
     from nodeagent.model import (
         CustomCheckResult,
         DevicePluginObservation,
+        KernelEvent,
         LustreObservation,
         TransportResult,
     )
@@ -40,9 +41,9 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class NetlinkEvent:
-    """One rtnetlink message about links, addresses, routes or rules."""
+    """One rtnetlink message about links, addresses, routes or rules, typed."""
 
-    msg: Any
+    event: KernelEvent
 
 
 @dataclass(frozen=True)

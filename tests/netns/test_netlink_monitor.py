@@ -5,6 +5,7 @@ missed, and an overflow leaves nothing behind."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from tests.kit.helpers import PYTHON, Netns
 
@@ -12,11 +13,15 @@ from tests.kit.helpers import PYTHON, Netns
 # monitor is held in its callback while hundreds of addresses are added, so its buffer
 # overflows every round. Each time it says events were lost, the script makes one change
 # at once, from the callback: the resync that EventsLost queues reads the state only later,
-# so a change made now is known to the daemon only if it comes as an event.
+# so a change made now is known to the daemon only if it comes as an event. (The change is
+# an address deleted: a deletion event carries the address.)
 SCRIPT = r"""
 import json, os, subprocess, sys, threading, time
 from nodeagent.run.netlink import NetlinkMonitor
 from nodeagent.run.work import EventsLost, NetlinkEvent
+
+for i in range(1, 40):
+    subprocess.run(["ip", "addr", "add", f"192.0.2.{i}/32", "dev", "r0"], check=True)
 
 lost, marks, seen = [], [], set()
 lock = threading.Lock()
@@ -30,9 +35,11 @@ def deliver(item):
             lost.append(time.monotonic())
             mark = f"192.0.2.{len(lost)}"
             marks.append(mark)
-        subprocess.run(["ip", "addr", "add", f"{mark}/32", "dev", "r0"], check=True)
-    elif isinstance(item, NetlinkEvent) and item.msg.get("event") == "RTM_NEWADDR":
-        seen.add(item.msg.get_attr("IFA_ADDRESS"))
+        subprocess.run(["ip", "addr", "del", f"{mark}/32", "dev", "r0"], check=True)
+    elif isinstance(item, NetlinkEvent) and item.event.deletion is not None:
+        gone = item.event.deletion.address
+        if gone is not None:
+            seen.add(gone.address)
 
 def fds():
     return len(os.listdir("/proc/self/fd"))
@@ -83,3 +90,66 @@ def test_a_change_right_after_an_overflow_is_delivered_and_nothing_leaks(
     # descriptors per overflow.
     assert result["fds_after"] <= result["fds_before"], result
     assert "netlink monitor failed" not in out.stderr, out.stderr
+
+
+# The kernel's own messages for each kind the agent follows, decoded as the netlink thread
+# decodes them (the shapes come from this kernel, not from a fixture). The script stops
+# at the veth it adds last; alarm() ends it if that never comes.
+DECODE = r"""
+import dataclasses, json, signal, subprocess
+from pyroute2 import IPRoute
+from nodeagent.probes.netlink import kernel_event
+from nodeagent.run.netlink import GROUPS
+
+signal.alarm(20)
+ipr = IPRoute()
+ipr.bind(groups=GROUPS)
+for args in (["addr", "add", "10.10.0.5/24", "dev", "r0"],
+             ["route", "add", "10.20.0.0/24", "dev", "r0", "table", "300", "src", "10.10.0.5"],
+             ["rule", "add", "from", "10.10.0.5", "lookup", "300", "priority", "1000"],
+             ["rule", "del", "priority", "1000"],
+             ["route", "del", "10.20.0.0/24", "table", "300"],
+             ["addr", "del", "10.10.0.5/24", "dev", "r0"],
+             ["link", "set", "r0", "down"],
+             ["link", "del", "r1"],
+             ["link", "add", "sentinel", "type", "veth", "peer", "name", "sentinel1"]):
+    subprocess.run(["ip", *args], check=True)
+events = []
+while not any(e["ifname"] == "sentinel" for e in events):
+    for msg in ipr.get():
+        event = kernel_event(msg)
+        if event is not None:
+            events.append({**dataclasses.asdict(event), "kind": str(event.kind),
+                           "deleted": msg["event"].startswith("RTM_DEL")})
+print(json.dumps(events))
+"""
+
+
+def test_the_kernels_messages_decode_into_typed_events(rails_ns: Netns) -> None:
+    rails_ns.ip("link", "set", "r0", "up")
+    r0 = rails_ns.link("r0")["ifindex"]
+    out = rails_ns.exec(PYTHON, "-c", DECODE, check=False)
+    assert out.returncode == 0, out.stderr
+    events = json.loads(out.stdout.strip().splitlines()[-1])
+
+    def one(kind: str, deleted: bool, **match: object) -> dict[str, Any]:
+        found = [e for e in events if e["kind"] == kind and e["deleted"] == deleted
+                 and all(e[k] == v for k, v in match.items())]
+        assert found, (kind, deleted, match, events)
+        return found[0]
+
+    # A table past 255: the message header says 252 (RT_TABLE_COMPAT), RTA_TABLE says 300.
+    added = one("route", False, table=300)
+    assert added["index"] == r0 and added["src"] == "10.10.0.5" and added["deletion"] is None
+    gone = one("route", True, table=300)["deletion"]["route"]
+    assert gone["dst"] == "10.20.0.0/24" and gone["table"] == 300 and gone["oif"] == r0
+    rule = one("rule", True, table=300)
+    assert rule["src"] == "10.10.0.5" and rule["deletion"]["rule"]["priority"] == 1000
+    address = one("address", True, index=r0)["deletion"]
+    assert address["ifindex"] == r0 and address["address"] == {
+        "address": "10.10.0.5", "prefixlen": 24, "family": 2}
+    down = [e for e in events if e["kind"] == "link" and e["ifname"] == "r0"
+            and e["link"] and not e["link"]["admin_up"]]
+    assert down and down[-1]["index"] == r0, events
+    # A deleted link: named, but its last state is no observation of a rail.
+    assert one("link", True, ifname="r1")["link"] is None
