@@ -22,8 +22,9 @@ def describe(exc: BaseException) -> str:
 class WatchedCollection(threading.Thread):
     """One collection (the pods on this node, one DaemonSet, this Node, Leases) kept
     current by a list and then watches that resume from the last resourceVersion: in steady
-    state no list at all, one watch request per `renew` seconds. `on_change` is called after
-    every change and every connectivity change, from this thread."""
+    state no list at all, one watch request per `renew` seconds. `on_change`, and every
+    callback given to `listen` (one watch serves several readers), is called after every
+    change and every connectivity change, from this thread."""
 
     def __init__(self, api: k8s.ApiClient, counters: Counters, path: str,
                  query: list[tuple[str, str]], on_change: Callable[[], None],
@@ -31,7 +32,7 @@ class WatchedCollection(threading.Thread):
         super().__init__(name=f"watch {path}", daemon=True)
         self.api, self.counters, self.path = api, counters, path
         self.query = query  # selectors
-        self.on_change = on_change
+        self._listeners = [on_change]
         self.renew = renew
         self.items: dict[str, dict[str, Any]] = {}  # by namespace/name
         self.error: str | None = None
@@ -39,6 +40,14 @@ class WatchedCollection(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._stream: WatchStream | None = None
+
+    def listen(self, on_change: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners = [*self._listeners, on_change]
+
+    def unlisten(self, on_change: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners = [c for c in self._listeners if c is not on_change]
 
     def snapshot(self) -> tuple[list[dict[str, Any]], str | None]:
         with self._lock:
@@ -57,9 +66,11 @@ class WatchedCollection(threading.Thread):
                 self.items = items
             changed = items is not None or error != self.error
             self.error = error
+            listeners = self._listeners
         self.synced.set()
         if changed:
-            self.on_change()
+            for on_change in listeners:
+                on_change()
 
     def run(self) -> None:
         rv: str | None = None

@@ -51,34 +51,55 @@ class KubeReader:
 
 class WatchingReader:
     """The device plugin's objects from three watched collections: after the first lists,
-    an observation costs no API request at all."""
+    an observation costs no API request at all. `node_watch` gives the daemon's own watch
+    of this Node (the publisher's), when there is one: then the reader opens two watches,
+    not three, and follows that one (None from it: not made yet, no answer yet)."""
 
     def __init__(self, api: k8s.ApiClient, node: str, dp: DevicePlugin,
-                 on_change: Callable[[], None], renew: float = 300.0) -> None:
+                 on_change: Callable[[], None], renew: float = 300.0,
+                 node_watch: Callable[[], WatchedCollection | None] | None = None) -> None:
         self.counters = Counters()
         self.dp = dp
+        self.on_change = on_change
         ns = dp.namespace
-        self.nodes = WatchedCollection(api, self.counters, "/api/v1/nodes",
-                                       [("fieldSelector", f"metadata.name={node}")],
-                                       on_change, renew)
+        self._shared = node_watch
+        self._following: WatchedCollection | None = None  # the shared watch, listened to
+        self.own_nodes = None if node_watch else WatchedCollection(
+            api, self.counters, "/api/v1/nodes", [("fieldSelector", f"metadata.name={node}")],
+            on_change, renew)
         self.daemonsets = WatchedCollection(
             api, self.counters, f"/apis/apps/v1/namespaces/{ns}/daemonsets",
             [("fieldSelector", f"metadata.name={dp.daemonset}")], on_change, renew)
         self.pods = WatchedCollection(api, self.counters, "/api/v1/pods",
                                       [("fieldSelector", f"spec.nodeName={node}")],
                                       on_change, renew)
-        self.collections = (self.nodes, self.daemonsets, self.pods)
+        self.collections = tuple(c for c in (self.own_nodes, self.daemonsets, self.pods)
+                                 if c is not None)  # the ones this reader runs
         for c in self.collections:
             c.start()
+
+    def _nodes(self) -> WatchedCollection | None:
+        if self._shared is None:
+            return self.own_nodes
+        watch = self._shared()
+        if watch is not None and watch is not self._following:
+            if self._following is not None:
+                self._following.unlisten(self.on_change)
+            watch.listen(self.on_change)
+            self._following = watch
+        return watch
 
     def device_plugin(self, dp: DevicePlugin, wait: float = 10.0) -> DevicePluginObservation:
         if dp != self.dp:
             raise ValueError("device_plugin settings changed: make a new WatchingReader")
-        for c in self.collections:
+        nodes_watch = self._nodes()
+        if nodes_watch is None:
+            return DevicePluginObservation(error="no answer from the API server yet")
+        watches = (nodes_watch, self.daemonsets, self.pods)
+        for c in watches:
             if not c.synced.wait(wait):
                 return DevicePluginObservation(error="no answer from the API server yet")
-        (nodes, node_err), (dss, ds_err), (pods, pod_err) = (c.snapshot()
-                                                             for c in self.collections)
+        (nodes, node_err), (dss, ds_err), (pods, pod_err) = (c.snapshot() for c in watches)
         error = node_err or ds_err or pod_err
         if error:
             return DevicePluginObservation(error=error)
@@ -88,3 +109,5 @@ class WatchingReader:
     def stop(self) -> None:
         for c in self.collections:
             c.stop()
+        if self._following is not None:
+            self._following.unlisten(self.on_change)

@@ -8,7 +8,7 @@ import logging
 import platform
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.checks.deviceplugin import newest_pod, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry, Runtime
@@ -19,6 +19,9 @@ from nodeagent.probes.registry import RegistryClient, RegistryError
 from nodeagent.probes.runtime import container_log_lines, stored_image_platforms
 from nodeagent.run.work import Deliver, PluginSeen
 
+if TYPE_CHECKING:  # the client library only when configured
+    from nodeagent.kube.watch import WatchedCollection
+
 log = logging.getLogger(__name__)
 SEEN_FILE = "plugin-pods-seen-ready.json"
 MAX_REMEMBERED = 256
@@ -26,12 +29,14 @@ MAX_REMEMBERED = 256
 
 def plugin_reader(
     cfg: Config, on_change: Callable[[], None] | None = None,
+    node_watch: Callable[[], WatchedCollection | None] | None = None,
 ) -> Callable[[DevicePlugin], DevicePluginObservation]:
     """Reads the plugin's objects with the agent's identity, then asks the registry what its
     images offer. With `on_change` (the daemon) the objects are watched and `on_change` is
     called when they change; without it (the CLI) each call reads them once. Clients are
     made on first use; failing to make them, or to read, gives an Unknown observation (or
-    an Unknown image fact), never an exception."""
+    an Unknown image fact), never an exception. `node_watch`: the daemon's one watch of its
+    own Node, which the daemon's reader follows instead of opening its own."""
     readers: dict[DevicePlugin, Any] = {}
     registries: dict[Registry, RegistryClient] = {}
 
@@ -48,7 +53,8 @@ def plugin_reader(
             api = api_client(cfg.kubernetes, cfg.kubernetes.request_timeout)
             node = cfg.resolved_node_name()
             readers[dp] = (KubeReader(api, node) if on_change is None
-                           else WatchingReader(api, node, dp, on_change))
+                           else WatchingReader(api, node, dp, on_change,
+                                               node_watch=node_watch))
         return readers[dp]
 
     def read(dp: DevicePlugin) -> DevicePluginObservation:

@@ -20,6 +20,7 @@ from nodeagent.run.transport import TransportMonitor
 from nodeagent.run.work import Deliver, NodeChanged, Source
 
 if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
+    from nodeagent.kube.watch import WatchedCollection
     from nodeagent.publish.metrics import AgentMetrics
     from nodeagent.run.deviceplugin import DevicePluginMonitor
 
@@ -72,8 +73,10 @@ class Sources:
         if cfg.kubernetes is not None and cfg.device_plugin is not None and self.plugin is None:
             from nodeagent.run.deviceplugin import DevicePluginMonitor, plugin_reader
 
+            # The publisher's watch of this Node serves the plugin's reader too.
             self.plugin = DevicePluginMonitor(
-                cfg, lambda wake: plugin_reader(cfg, on_change=wake), self.deliver)
+                cfg, lambda wake: plugin_reader(cfg, on_change=wake,
+                                                node_watch=self._node_watch), self.deliver)
             self._start(self.plugin)
         if cfg.custom_checks is not None and self.custom is None:
             self.custom = CustomChecksMonitor(cfg, self.deliver)
@@ -84,6 +87,9 @@ class Sources:
         if cfg.rails and self.gid_watcher is None:
             self.gid_watcher = GidSlotWatcher(cfg.paths.sysfs, self.deliver)
             self._start(self.gid_watcher)
+
+    def _node_watch(self) -> WatchedCollection | None:
+        return self.publisher.node_watch if self.publisher is not None else None
 
     def reconfigure(self, cfg: Config) -> None:
         """A reload's config to the running sources (new settings take effect now, not

@@ -19,6 +19,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.config import Config, parse_config
+from nodeagent.kube.api import Counters
+from nodeagent.kube.watch import WatchedCollection
 from nodeagent.model import Finding
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.run.deviceplugin import plugin_reader
@@ -340,6 +342,49 @@ def test_watching_reader_costs_no_request_in_steady_state(apiserver: ApiServer,
         assert reader.counters.requests == 6, "changes cost no request either"
     finally:
         reader.stop()
+
+
+def test_the_daemons_reader_follows_the_publishers_node_watch(
+    apiserver: ApiServer, plugin: dict[str, Any],
+) -> None:
+    """One watch of the agent's own Node in the daemon: the publisher's. The plugin's reader
+    opens two watches (its DaemonSet, the pods here), takes the Node from the shared one and
+    is woken by it; stopped, it is no longer called."""
+    api = apiserver.client("agent-node-a")
+    shared_counters = Counters()
+    published = WatchedCollection(api, shared_counters, "/api/v1/nodes",
+                                  [("fieldSelector", "metadata.name=node-a")], lambda: None)
+    changed = threading.Event()
+    dp = cfg().device_plugin
+    assert dp is not None
+    ready_watch: list[WatchedCollection] = []  # the publisher makes its watch a while later
+    reader = WatchingReader(api, "node-a", dp, changed.set,
+                            node_watch=lambda: ready_watch[0] if ready_watch else None)
+    try:
+        make_pod(plugin, {"phase": "Running", "conditions": ready(True)})
+        assert reader.device_plugin(dp).error == "no answer from the API server yet"
+        published.start()
+        ready_watch.append(published)
+        wait_for(lambda: device_plugin_finding(cfg(), reader.device_plugin(dp)).status
+                 == "True", what="the plugin Ready, the Node from the shared watch")
+        wait_for(lambda: reader.counters.requests == 4, what="two lists and two watches")
+        changed.clear()
+        advertise(plugin["core"], 0)
+        assert changed.wait(10), "woken by the shared watch"
+        wait_for(lambda: device_plugin_finding(cfg(), reader.device_plugin(dp)).reason
+                 == "ResourceNotAdvertised", what="the node's change seen")
+        assert reader.counters.requests == 4, "the reader made no request of its own"
+        reader.stop()
+        for own in reader.collections:  # their streams closed: they say so as they end
+            own.join(10)
+        changed.clear()
+        advertise(plugin["core"], 2)
+        wait_for(lambda: (n := published.snapshot()[0]) and n[0]["status"].get(
+            "allocatable", {}).get(RESOURCE) == "2", what="the change in the shared watch")
+        assert not changed.is_set(), "a stopped reader is no longer called"
+    finally:
+        reader.stop()
+        published.stop()
 
 
 def test_watching_reader_follows_deletes(apiserver: ApiServer, plugin: dict[str, Any]) -> None:
