@@ -140,6 +140,8 @@ def _ipr() -> Any:
 
 def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
     from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
+    from nodeagent.run.sources import look_once
+    from nodeagent.run.work import LustreSeen
 
     cfg = _load(args.config)
     if getattr(args, "config_only", False):
@@ -154,22 +156,14 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
     with _ipr() as ipr:
         # check and dry-run change nothing, not even the learned-pin state.
         evaluator = Evaluator(cfg, ipr, persist_pins=repair and not dry_run)
-        early = Repairs()  # the mounts, read (and remounted) before the pass judges them
-        if cfg.lustre:
-            from nodeagent.io.commands import BoundedRunner
-            from nodeagent.run.lustre import look_and_repair
-
-            evaluator.store.lustre, early.other, early.errors = look_and_repair(
-                cfg, BoundedRunner(), repair=repair and not dry_run)
-        if cfg.kubernetes is not None and cfg.device_plugin is not None:
-            from nodeagent.run.deviceplugin import load_seen_ready, plugin_reader
-
-            evaluator.store.device_plugin = plugin_reader(cfg)(cfg.device_plugin)
-            evaluator.store.plugin_seen_ready = frozenset(load_seen_ready(cfg))
-        if cfg.custom_checks is not None:
-            from nodeagent.run.custom import run_all
-
-            evaluator.store.custom_results = run_all(cfg)
+        # The daemon's sources, each read once (the mounts remounted before the pass
+        # judges them).
+        seen, errors = look_once(cfg, repair=repair and not dry_run)
+        early = Repairs(errors=errors)
+        for item in seen:
+            evaluator.store.deliver(item)
+            if isinstance(item, LustreSeen):
+                early.other = list(item.remounted)
         report, repairs = fabric_pass(evaluator, repair=repair, dry_run=dry_run, early=early)
         if cfg.transport is not None:  # probe the rails the pass found, then judge again
             from nodeagent.run.transport import probe_targets

@@ -2,7 +2,8 @@
 
 Every source follows the contract in run/work.py (`start`, `stop`, `deliver`). A section
 added by a reload starts its source then; a reload hands the new config to the running
-ones; at the end they stop in the order they started.
+ones; at the end they stop in the order they started. `look_once` reads the same sections
+once, into the same observations, for the CLI's check and apply.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
 from nodeagent.run.transport import TransportMonitor
-from nodeagent.run.work import Deliver, NodeChanged, Source
+from nodeagent.run.work import (
+    CustomChecksSeen,
+    Deliver,
+    LustreSeen,
+    NodeChanged,
+    PluginSeen,
+    Source,
+)
 
 if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
     from nodeagent.kube.watch import WatchedCollection
@@ -25,6 +33,31 @@ if TYPE_CHECKING:  # imported when configured: a local-only agent loads no clien
     from nodeagent.run.deviceplugin import DevicePluginMonitor
 
 log = logging.getLogger(__name__)
+
+
+def look_once(cfg: Config, repair: bool) -> tuple[list[LustreSeen | PluginSeen |
+                                                     CustomChecksSeen], list[str]]:
+    """What the configured sources deliver, each read once the way its thread reads it
+    (the transport probe, which needs a pass's targets, excepted); and the errors met. With
+    `repair`, a mount that is due is remounted, as its source does."""
+    seen: list[LustreSeen | PluginSeen | CustomChecksSeen] = []
+    errors: list[str] = []
+    if cfg.lustre:
+        from nodeagent.io.commands import BoundedRunner
+        from nodeagent.run.lustre import look_and_repair
+
+        obs, done, errors = look_and_repair(cfg, BoundedRunner(), repair=repair)
+        seen.append(LustreSeen(obs, tuple(done)))
+    if cfg.kubernetes is not None and cfg.device_plugin is not None:
+        from nodeagent.run.deviceplugin import load_seen_ready, plugin_reader
+
+        seen.append(PluginSeen(plugin_reader(cfg)(cfg.device_plugin),
+                               frozenset(load_seen_ready(cfg))))
+    if cfg.custom_checks is not None:
+        from nodeagent.run.custom import run_all
+
+        seen.append(CustomChecksSeen(run_all(cfg)))
+    return seen, errors
 
 
 class Sources:
