@@ -133,7 +133,7 @@ def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) ->
 
 
 def _ipr() -> Any:
-    from pyroute2 import IPRoute
+    from pyroute2.iproute import IPRoute
 
     return IPRoute()
 

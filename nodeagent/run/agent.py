@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import FrameType
 
-from pyroute2 import IPRoute
+from pyroute2.iproute import IPRoute
 
 from nodeagent.config import Config
 from nodeagent.io.files import descriptor_faults

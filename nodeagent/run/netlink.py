@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from pyroute2 import IPRoute
+from pyroute2.iproute import IPRoute
 from pyroute2.netlink.rtnl import (
     RTMGRP_IPV4_IFADDR,
     RTMGRP_IPV4_ROUTE,
