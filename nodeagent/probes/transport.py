@@ -107,7 +107,7 @@ def _connect(pair: _Pair, port: int, gid: Any, gid_index: int) -> None:
                 attr.max_rd_atomic = 1
                 me.to_rts(attr)
             except Exception as exc:
-                raise ProbeFailed(step, str(exc).splitlines()[0][:200]) from exc
+                raise ProbeFailed(step, _first_line(exc)) from exc
 
 
 def _complete(cq: Any, want: set[int], deadline: float) -> None:
@@ -123,86 +123,117 @@ def _complete(cq: Any, want: set[int], deadline: float) -> None:
             raise ProbeFailed(Step.TIMEOUT, f"{len(want)} completion(s) missing at the deadline")
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _open(pair: _Pair, device: str, port: int, gid_index: int, address: str) -> Any:
+    """The device opened, its port ACTIVE, the rail's GID at the pin; the GID."""
+    import pyverbs.enums as e
+    from pyverbs.device import Context
+
+    try:
+        pair.ctx = Context(name=device)
+    except Exception as exc:
+        raise ProbeFailed(Step.DEVICE_OPEN, _first_line(exc)) from exc
+    try:
+        state = pair.ctx.query_port(port).state
+    except Exception as exc:
+        raise ProbeFailed(Step.PORT, _first_line(exc)) from exc
+    if state != e.IBV_PORT_ACTIVE:
+        # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured in
+        # the lab): a port that is not ACTIVE carries nothing to the wire.
+        raise ProbeFailed(Step.PORT, f"port {port} is {port_state(state)}, not ACTIVE")
+    try:
+        gid = pair.ctx.query_gid(port, gid_index)
+    except Exception as exc:
+        raise ProbeFailed(Step.GID, f"index {gid_index}: {exc}") from exc
+    if not gid_matches(str(gid), address):
+        raise ProbeFailed(Step.GID, f"index {gid_index} holds {gid}, not the rail's "
+                          f"::ffff:{address}")
+    return gid
+
+
+def _allocate(pair: _Pair, qps: int) -> None:
+    """A protection domain, one completion queue, and `qps` RC QPs with a buffer each."""
+    import pyverbs.enums as e
+    from pyverbs.cq import CQ
+    from pyverbs.mr import MR
+    from pyverbs.pd import PD
+    from pyverbs.qp import QP, QPCap, QPInitAttr
+
+    try:
+        pair.pd = PD(pair.ctx)
+        pair.cq = CQ(pair.ctx, 4 * BURST)
+        cap = QPCap(max_send_wr=BURST, max_recv_wr=BURST, max_send_sge=1, max_recv_sge=1)
+        for _ in range(qps):
+            pair.qps.append(QP(pair.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=pair.cq,
+                                                   rcq=pair.cq, cap=cap)))
+            pair.mrs.append(MR(pair.pd, CHUNK, e.IBV_ACCESS_LOCAL_WRITE))
+    except Exception as exc:
+        raise ProbeFailed(Step.RESOURCES, _first_line(exc)) from exc
+
+
+@dataclass(frozen=True)
+class _Figures:
+    latencies_us: list[float]
+    burst_seconds: float
+
+
+def _measure(pair: _Pair, messages: int, deadline: float) -> _Figures:
+    """`messages` small sends timed one by one, then a burst of large ones."""
+    import pyverbs.enums as e
+    from pyverbs.wr import SGE, RecvWR, SendWR
+
+    sender, receiver = pair.qps
+    smr, rmr = pair.mrs
+
+    def post(wr_id: int, size: int) -> None:
+        receiver.post_recv(RecvWR(wr_id=wr_id, num_sge=1, sg=[SGE(rmr.buf, size, rmr.lkey)]))
+        sender.post_send(SendWR(wr_id=wr_id + 1, opcode=e.IBV_WR_SEND, num_sge=1,
+                                sg=[SGE(smr.buf, size, smr.lkey)],
+                                send_flags=e.IBV_SEND_SIGNALED))
+
+    latencies = []
+    for i in range(messages):
+        t0 = time.perf_counter()
+        post(2 * i, SIZE)
+        _complete(pair.cq, {2 * i, 2 * i + 1}, deadline)
+        latencies.append((time.perf_counter() - t0) * 1e6)
+    t0 = time.perf_counter()
+    want: set[int] = set()
+    base = 2 * messages
+    for i in range(BURST // 2):  # each post is one recv and one send WR
+        post(base + 2 * i, CHUNK)
+        want |= {base + 2 * i, base + 2 * i + 1}
+    _complete(pair.cq, want, deadline)
+    return _Figures(latencies, time.perf_counter() - t0)
+
+
 def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
                messages: int = 100, timeout: float = 10.0) -> TransportResult:
     started = time.monotonic()
-    deadline = started + timeout
     try:
-        import pyverbs.enums as e
-        from pyverbs.cq import CQ
-        from pyverbs.device import Context
-        from pyverbs.mr import MR
-        from pyverbs.pd import PD
-        from pyverbs.qp import QP, QPCap, QPInitAttr
-        from pyverbs.wr import SGE, RecvWR, SendWR
+        import pyverbs.enums  # noqa: F401  every step below needs the distro's pyverbs
     except ImportError as exc:
         return TransportResult(rail, False, Step.PYVERBS, f"not importable: {exc}")
     pair = _Pair(None, None, None, [], [])
     try:
-        try:
-            pair.ctx = Context(name=device)
-        except Exception as exc:
-            raise ProbeFailed(Step.DEVICE_OPEN, str(exc).splitlines()[0][:200]) from exc
-        try:
-            state = pair.ctx.query_port(port).state
-        except Exception as exc:
-            raise ProbeFailed(Step.PORT, str(exc).splitlines()[0][:200]) from exc
-        if state != e.IBV_PORT_ACTIVE:
-            # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured in
-            # the lab): a port that is not ACTIVE carries nothing to the wire.
-            raise ProbeFailed(Step.PORT, f"port {port} is {port_state(state)}, not ACTIVE")
-        try:
-            gid = pair.ctx.query_gid(port, gid_index)
-        except Exception as exc:
-            raise ProbeFailed(Step.GID, f"index {gid_index}: {exc}") from exc
-        if not gid_matches(str(gid), address):
-            raise ProbeFailed(Step.GID, f"index {gid_index} holds {gid}, not the rail's "
-                              f"::ffff:{address}")
-        try:
-            pair.pd = PD(pair.ctx)
-            pair.cq = CQ(pair.ctx, 4 * BURST)
-            cap = QPCap(max_send_wr=BURST, max_recv_wr=BURST, max_send_sge=1, max_recv_sge=1)
-            for _ in range(2):
-                pair.qps.append(QP(pair.pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=pair.cq,
-                                                       rcq=pair.cq, cap=cap)))
-                pair.mrs.append(MR(pair.pd, CHUNK, e.IBV_ACCESS_LOCAL_WRITE))
-        except Exception as exc:
-            raise ProbeFailed(Step.RESOURCES, str(exc).splitlines()[0][:200]) from exc
+        gid = _open(pair, device, port, gid_index, address)
+        _allocate(pair, 2)
         _connect(pair, port, gid, gid_index)
-        sender, receiver = pair.qps
-        smr, rmr = pair.mrs
-
-        def post(wr_id: int, size: int) -> None:
-            receiver.post_recv(RecvWR(wr_id=wr_id, num_sge=1,
-                                      sg=[SGE(rmr.buf, size, rmr.lkey)]))
-            sender.post_send(SendWR(wr_id=wr_id + 1, opcode=e.IBV_WR_SEND, num_sge=1,
-                                    sg=[SGE(smr.buf, size, smr.lkey)],
-                                    send_flags=e.IBV_SEND_SIGNALED))
-
-        latencies = []
-        for i in range(messages):
-            t0 = time.perf_counter()
-            post(2 * i, SIZE)
-            _complete(pair.cq, {2 * i, 2 * i + 1}, deadline)
-            latencies.append((time.perf_counter() - t0) * 1e6)
-        t0 = time.perf_counter()
-        want: set[int] = set()
-        base = 2 * messages
-        for i in range(BURST // 2):  # each post is one recv and one send WR
-            post(base + 2 * i, CHUNK)
-            want |= {base + 2 * i, base + 2 * i + 1}
-        _complete(pair.cq, want, deadline)
-        seconds = time.perf_counter() - t0
-        cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else latencies * 99
-        return TransportResult(
-            rail, True, messages=messages, latency_p50_us=statistics.median(latencies),
-            latency_p99_us=cuts[98], bandwidth_gbps=(BURST // 2) * CHUNK * 8 / seconds / 1e9,
-            seconds=time.monotonic() - started, gid_index=gid_index)
+        got = _measure(pair, messages, started + timeout)
     except ProbeFailed as failed:
         return TransportResult(rail, False, failed.step, failed.error,
                                seconds=time.monotonic() - started, gid_index=gid_index)
     except Exception as exc:  # pyverbs raises its own errors from any call
-        return TransportResult(rail, False, Step.VERBS, str(exc).splitlines()[0][:200],
+        return TransportResult(rail, False, Step.VERBS, _first_line(exc),
                                seconds=time.monotonic() - started, gid_index=gid_index)
     finally:
         pair.close()
+    lat = got.latencies_us
+    cuts = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
+    return TransportResult(
+        rail, True, messages=messages, latency_p50_us=statistics.median(lat),
+        latency_p99_us=cuts[98], bandwidth_gbps=(BURST // 2) * CHUNK * 8 / got.burst_seconds / 1e9,
+        seconds=time.monotonic() - started, gid_index=gid_index)
