@@ -10,6 +10,7 @@ import errno
 import functools
 import socket
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,16 +145,10 @@ def _sysctls(procfs_root: Path, ifname: str, keys: list[str],
     return read_rail_sysctls(procfs_root, ifname, keys)
 
 
-def observe_rails(
-    ipr: Any, rails: Iterable[Rail], procfs_root: Path, sysctl_keys: dict[str, list[str]],
-    reads: BoundedReads | None = None,
-) -> dict[str, RailObservation]:
-    """One snapshot of every given rail: link, addresses, its table's routes, its rules, sysctls.
-
-    `sysctl_keys` maps rail name -> sysctl names to read for it; with `reads` they are read
-    off the caller's thread (a stuck one reads as unreadable).
-    """
-    rails = list(rails)
+def _read_sysctls(rails: list[Rail], procfs_root: Path, sysctl_keys: dict[str, list[str]],
+                  reads: BoundedReads | None) -> dict[str, dict[str, str | None]]:
+    """Each rail's sysctls; with `reads` off the caller's thread (a stuck one reads as
+    unreadable)."""
     calls = {
         rail.name: functools.partial(_sysctls, procfs_root, rail.interface,
                                      sysctl_keys.get(rail.name, []))
@@ -164,51 +159,76 @@ def observe_rails(
     else:
         ran = reads.run({f"sysctl:{n}": call for n, call in calls.items()})
         got = {n: ran[f"sysctl:{n}"] for n in calls}
-    sysctls = {n: (dict.fromkeys(sysctl_keys.get(n, [])) if isinstance(v, Stuck) else v)
-               for n, v in got.items()}
-    # Each rail's link by name: the kernel answers with that one interface (a dump of every
-    # link on a node with many pods' interfaces cost 8x more, an event pass for one rail
-    # ~20x). Then one dump per other object kind, whatever the number of rails: pyroute2
-    # filters route dumps by table in user space, so a dump per rail's table was a dump of
-    # every route each time.
-    links = {}
-    for rail in rails:
-        try:
-            for m in ipr.link("get", ifname=rail.interface, ext_mask=RTEXT_FILTER_SKIP_STATS):
-                links[rail.interface] = link_from_msg(m)
-        except NetlinkError as exc:
-            if exc.code != errno.ENODEV:
-                raise
-    addrs: dict[int, list[AddressInfo]] = {}
-    for msg in ipr.get_addr():
-        info = _addr_from_msg(msg)
-        if info is not None:
-            addrs.setdefault(int(msg["index"]), []).append(info)
-    rules = [_rule_from_msg(m) for m in ipr.get_rules(family=socket.AF_INET)]
-    tables = {rail.table for rail in rails if rail.table is not None}
-    routes: dict[int, list[RouteInfo]] = {}
-    if tables:
-        for msg in ipr.get_routes(family=socket.AF_INET):
-            a = _attrs(msg, _ROUTE)
-            table = _route_table(msg, a)
-            if table in tables:  # most routes are other tables' (local, main)
-                routes.setdefault(table, []).append(_route_from_msg(msg, a))
+    return {n: (dict.fromkeys(sysctl_keys.get(n, [])) if isinstance(v, Stuck) else v)
+            for n, v in got.items()}
 
-    observed: dict[str, RailObservation] = {}
-    for rail in rails:
-        link = links.get(rail.interface)
+
+@dataclass
+class _Dumps:
+    """The kernel's state for the rails: each rail's link by name, then one dump per other
+    object kind, whatever the number of rails. (A dump of every link on a node with many
+    pods' interfaces cost 8x more, an event pass for one rail ~20x; pyroute2 filters route
+    dumps by table in user space, so a dump per rail's table was a dump of every route each
+    time.)"""
+
+    links: dict[str, LinkState]
+    addresses: dict[int, list[AddressInfo]]
+    routes: dict[int, list[RouteInfo]]
+    rules: list[RuleInfo]
+
+    @classmethod
+    def read(cls, ipr: Any, rails: list[Rail]) -> _Dumps:
+        links = {}
+        for rail in rails:
+            try:
+                for m in ipr.link("get", ifname=rail.interface,
+                                  ext_mask=RTEXT_FILTER_SKIP_STATS):
+                    links[rail.interface] = link_from_msg(m)
+            except NetlinkError as exc:
+                if exc.code != errno.ENODEV:
+                    raise
+        addrs: dict[int, list[AddressInfo]] = {}
+        for msg in ipr.get_addr():
+            info = _addr_from_msg(msg)
+            if info is not None:
+                addrs.setdefault(int(msg["index"]), []).append(info)
+        rules = [_rule_from_msg(m) for m in ipr.get_rules(family=socket.AF_INET)]
+        tables = {rail.table for rail in rails if rail.table is not None}
+        routes: dict[int, list[RouteInfo]] = {}
+        if tables:
+            for msg in ipr.get_routes(family=socket.AF_INET):
+                a = _attrs(msg, _ROUTE)
+                table = _route_table(msg, a)
+                if table in tables:  # most routes are other tables' (local, main)
+                    routes.setdefault(table, []).append(_route_from_msg(msg, a))
+        return cls(links, addrs, routes, rules)
+
+    def of(self, rail: Rail, sysctls: dict[str, str | None]) -> RailObservation:
+        link = self.links.get(rail.interface)
         if link is None:
-            observed[rail.name] = RailObservation(rail=rail.name, link=None)
-            continue
+            return RailObservation(rail=rail.name, link=None)
         own_src = f"{rail.ip}/32"
-        observed[rail.name] = RailObservation(
+        return RailObservation(
             rail=rail.name,
             link=link,
-            addresses=tuple(addrs.get(link.index, ())),
-            routes=tuple(routes.get(rail.table, ())) if rail.table is not None else (),
-            rules=tuple(
-                r for r in rules if r.src == own_src or (rail.table and r.table == rail.table)
-            ),
-            sysctls=sysctls[rail.name],
+            addresses=tuple(self.addresses.get(link.index, ())),
+            routes=tuple(self.routes.get(rail.table, ())) if rail.table is not None else (),
+            rules=tuple(r for r in self.rules
+                        if r.src == own_src or (rail.table and r.table == rail.table)),
+            sysctls=sysctls,
         )
-    return observed
+
+
+def observe_rails(
+    ipr: Any, rails: Iterable[Rail], procfs_root: Path, sysctl_keys: dict[str, list[str]],
+    reads: BoundedReads | None = None,
+) -> dict[str, RailObservation]:
+    """One snapshot of every given rail: link, addresses, its table's routes, its rules, sysctls.
+
+    `sysctl_keys` maps rail name -> sysctl names to read for it; with `reads` they are read
+    off the caller's thread (a stuck one reads as unreadable).
+    """
+    rails = list(rails)
+    sysctls = _read_sysctls(rails, procfs_root, sysctl_keys, reads)
+    dumps = _Dumps.read(ipr, rails)
+    return {rail.name: dumps.of(rail, sysctls[rail.name]) for rail in rails}
