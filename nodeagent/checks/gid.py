@@ -90,6 +90,62 @@ def _unreadable(rail: Rail, device: str | None, table: GidTable) -> str | None:
     return f"{rail.label}: GID table unreadable ({shown}{more})"
 
 
+@dataclass
+class _Tally:
+    """What the rails' GIDs add to the verdict besides its problems."""
+
+    notes: list[str] = field(default_factory=list)
+    new_pins: dict[str, Pin] = field(default_factory=dict)
+    observed: dict[str, int] = field(default_factory=dict)
+    shifts: dict[str, GidShift] = field(default_factory=dict)
+    repin: list[str] = field(default_factory=list)
+
+
+def _no_gids(rail: Rail, device: str | None, table: GidTable, problems: Problems) -> None:
+    """A rail with no GID at all in the table: unreadable, gone from its device, or no
+    device found."""
+    unreadable = _unreadable(rail, device, table)
+    if unreadable:
+        problems.unknown("GIDTableUnreadable", unreadable)
+    elif rail.rdma_device is None and device is not None:
+        problems.fail("GIDMissing", f"{rail.label}: no GIDs on {rail.interface} from "
+                                    f"{device} (where they were last seen)")
+    else:
+        where = rail.rdma_device or "any RDMA device"
+        problems.fail("RDMADeviceNotFound",
+                      f"{rail.label}: no GIDs on {rail.interface} from {where}")
+
+
+def _against_pin(cfg: Config, rail: Rail, v2: list[GidEntry], table: GidTable,
+                 learned: Mapping[str, Pin], qps: QueuePairs | None, problems: Problems,
+                 tally: _Tally) -> None:
+    """A rail's IPv4 RoCE v2 GID against its pin: learned when there is none, shifted
+    (re-pinned when nothing holds the port) when it is elsewhere."""
+    current = v2[0]
+    pin = pin_for(rail, learned)
+    if pin is not None and pin.device not in (None, current.device):
+        pin = None  # learned on other hardware: learn again
+    if pin is None:
+        tally.new_pins[rail.name] = Pin(
+            index=current.index, device=current.device, port=current.port, learned=True)
+        tally.notes.append(
+            f"{rail.name}: learned pin {current.device}/{current.port} index {current.index}")
+    elif all(e.index != pin.index for e in v2):
+        taken = next((e.gid for e in table.entries if e.device == current.device
+                      and e.port == current.port and e.index == pin.index), None)
+        shift = GidShift(current.device, current.port, current.index, pin.index, taken)
+        tally.shifts[rail.name] = shift
+        why = repin_verdict(cfg, rail, shift, qps)
+        if why is None:
+            tally.repin.append(rail.name)
+        problems.fail("GIDIndexShifted",
+                      f"{rail.label}: IPv4 RoCE v2 GID at index {current.index}, "
+                      f"pinned {pin.index} ({current.device} port {current.port}); "
+                      + (why or "re-pinning: no QP uses the port"))
+    else:
+        tally.notes.append(f"{rail.name}: {current.device}/{current.port} index {pin.index}")
+
+
 def gid_finding(
     cfg: Config, table: GidTable, learned: Mapping[str, Pin], qps: QueuePairs | None = None,
     seen: Mapping[str, tuple[str, int]] | None = None,
@@ -101,56 +157,20 @@ def gid_finding(
     if not cfg.rails:
         return GidVerdict(problems.finding("NotConfigured", "no rails configured"))
     seen = seen or {}
-    notes: list[str] = []
-    new_pins: dict[str, Pin] = {}
-    observed: dict[str, int] = {}
-    shifts: dict[str, GidShift] = {}
-    repin: list[str] = []
+    tally = _Tally()
     for rail in cfg.rails:
         entries = rail_entries(rail, table)
-        device = rail.rdma_device or seen.get(rail.name, (None, 1))[0]
         if not entries:
-            unreadable = _unreadable(rail, device, table)
-            if unreadable:
-                problems.unknown("GIDTableUnreadable", unreadable)
-            elif rail.rdma_device is None and device is not None:
-                problems.fail("GIDMissing", f"{rail.label}: no GIDs on {rail.interface} from "
-                                            f"{device} (where they were last seen)")
-            else:
-                where = rail.rdma_device or "any RDMA device"
-                problems.fail("RDMADeviceNotFound",
-                              f"{rail.label}: no GIDs on {rail.interface} from {where}")
+            _no_gids(rail, rail.rdma_device or seen.get(rail.name, (None, 1))[0], table,
+                     problems)
             continue
         v2 = ipv4_v2_entries(rail, table)
         if not v2:
             problems.fail("GIDMissing", f"{rail.label}: no IPv4 RoCE v2 GID for {rail.ip} "
                                         f"on {entries[0].device} port {entries[0].port}")
             continue
-        current = v2[0]
-        observed[rail.name] = current.index
-        pin = pin_for(rail, learned)
-        if pin is not None and pin.device not in (None, current.device):
-            pin = None  # learned on other hardware: learn again
-        if pin is None:
-            new_pins[rail.name] = Pin(
-                index=current.index, device=current.device, port=current.port, learned=True
-            )
-            notes.append(
-                f"{rail.name}: learned pin {current.device}/{current.port} index {current.index}"
-            )
-        elif all(e.index != pin.index for e in v2):
-            taken = next((e.gid for e in table.entries if e.device == current.device
-                          and e.port == current.port and e.index == pin.index), None)
-            shift = GidShift(current.device, current.port, current.index, pin.index, taken)
-            shifts[rail.name] = shift
-            why = repin_verdict(cfg, rail, shift, qps)
-            if why is None:
-                repin.append(rail.name)
-            problems.fail("GIDIndexShifted",
-                          f"{rail.label}: IPv4 RoCE v2 GID at index {current.index}, "
-                          f"pinned {pin.index} ({current.device} port {current.port}); "
-                          + (why or "re-pinning: no QP uses the port"))
-        else:
-            notes.append(f"{rail.name}: {current.device}/{current.port} index {pin.index}")
-    finding = problems.finding("GIDsPinned", f"{table.source}: " + "; ".join(notes))
-    return GidVerdict(finding, new_pins, observed, shifts, tuple(repin))
+        tally.observed[rail.name] = v2[0].index
+        _against_pin(cfg, rail, v2, table, learned, qps, problems, tally)
+    finding = problems.finding("GIDsPinned", f"{table.source}: " + "; ".join(tally.notes))
+    return GidVerdict(finding, tally.new_pins, tally.observed, tally.shifts,
+                      tuple(tally.repin))
