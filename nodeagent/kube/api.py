@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,9 +131,9 @@ def call(
             resp = api.call_api(method, url, header_params=headers, body=data,
                                 post_params=post, _request_timeout=TIMEOUT)
             resp.read()
-    except Exception:
+    except Exception as exc:
         counters.errors += 1  # refused, timed out, TLS
-        raise
+        raise _unreachable(api, exc) from exc
     if not 200 <= resp.status < 300:
         counters.errors += 1
         if resp.status == 409:
@@ -144,6 +146,66 @@ def call(
     if not isinstance(result, dict):
         raise ValueError(f"{method} {path}: reply is not a JSON object")
     return result
+
+
+_HOST = re.compile(r"host='([^']+)', port=(\d+)")
+_QUOTED = re.compile(r"'([^']*)'")
+_VERIFY = re.compile(r"certificate verify failed:? ?([^'\"()]*)")
+MAX_ERROR = 500
+
+
+class ApiUnreachable(ConnectionError):
+    """No answer from the API server: the TLS verification, the connection or the deadline
+    failed. Its text says which, and for which server."""
+
+
+def api_error_text(exc: BaseException) -> str:
+    """What failed, in one line: the API's answer (its HTTP status and the Status object's
+    message: a 403 names the rule), or why no answer came, with the server it was for (the
+    TLS verification, a refused or timed-out connection). The client library reports a TLS
+    failure as an ApiException of status 0, whose text begins with the bare "(0)"."""
+    if isinstance(exc, ApiUnreachable):
+        return str(exc)[:MAX_ERROR]
+    status = getattr(exc, "status", None)
+    if status:
+        body, message = getattr(exc, "body", None), ""
+        if body:
+            try:
+                message = str(json.loads(body).get("message", ""))
+            except (ValueError, AttributeError):
+                message = str(body)
+        reason = getattr(exc, "reason", None)
+        text = f"HTTP {status}: {message}" if message else f"HTTP {status}" + (
+            f" {reason}" if reason else "")
+        return " ".join(text.split())[:MAX_ERROR]
+    text = str(getattr(exc, "reason", "") or exc) if isinstance(exc, ApiException) else str(exc)
+    host = _HOST.search(text)
+    return _no_answer(text, f" ({host.group(1)}:{host.group(2)})" if host else "", exc)
+
+
+def _no_answer(text: str, at: str, exc: BaseException) -> str:
+    verify = _VERIFY.search(text)
+    if verify:
+        detail = verify.group(1).strip()
+        return f"TLS: certificate verify failed{': ' + detail if detail else ''}{at}"[:MAX_ERROR]
+    if "Caused by" in text:  # urllib3: the pool, then the error that gave up the retries
+        quoted = _QUOTED.findall(text.rsplit("Caused by", 1)[1])
+        if quoted:  # after urllib3's "<...HTTPSConnection object at 0x...>: "
+            return f"{quoted[-1].split('>: ', 1)[-1]}{at}"[:MAX_ERROR]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].isidentifier():  # the library's "SSLError\n<text>"
+        lines = [f"{lines[0]}: {lines[1]}"]
+    return ((lines[0] if lines else type(exc).__name__) + at)[:MAX_ERROR]
+
+
+def _unreachable(api: k8s.ApiClient, exc: Exception) -> Exception:
+    """A request that got no answer, as ApiUnreachable naming its server; an answer (an
+    ApiException with an HTTP status) as it is."""
+    if getattr(exc, "status", None):
+        return exc
+    server = urllib.parse.urlsplit(str(getattr(api.configuration, "host", "") or "")).netloc
+    text = str(getattr(exc, "reason", "") or exc) if isinstance(exc, ApiException) else str(exc)
+    return ApiUnreachable(_no_answer(text, f" ({server})" if server else "", exc))
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -164,7 +226,10 @@ def watch(
     _, url, headers, _, _ = api.param_serialize(
         method="GET", resource_path=path, query_params=[*query, ("watch", "1")],
         header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
-    resp = api.call_api("GET", url, header_params=headers, _request_timeout=(3.0, timeout))
+    try:
+        resp = api.call_api("GET", url, header_params=headers, _request_timeout=(3.0, timeout))
+    except Exception as exc:
+        raise _unreachable(api, exc) from exc
     if resp.status != 200:
         resp.read()
         raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)

@@ -10,13 +10,12 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from nodeagent.kube.api import Counters, WatchStream, call, watch
+from nodeagent.kube.api import Counters, WatchStream, api_error_text, call, watch
 from nodeagent.kube.backoff import Backoff
 
 
 def describe(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    return f"HTTP {status}" if status else (str(exc).splitlines() or [type(exc).__name__])[0]
+    return api_error_text(exc)
 
 
 class WatchedCollection(threading.Thread):

@@ -8,7 +8,6 @@ is unreachable; once it answers, the newest desired state is written, nothing lo
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -279,17 +278,11 @@ def _key(status: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line: the API's own status message when there is one (403s name the rule)."""
-    status = getattr(exc, "status", None)
-    body = getattr(exc, "body", None)
-    if status is not None and body:
-        try:
-            message = json.loads(body).get("message", "")
-        except (ValueError, AttributeError):
-            message = str(body)
-        return f"HTTP {status}: {message}"[:500]
-    text = str(exc).splitlines()
-    return (text[0] if text else type(exc).__name__)[:500]
+    """One line: the API's own status message when there is one (403s name the rule), or
+    the TLS or connection error with its server."""
+    from nodeagent.kube.api import api_error_text  # the client library only when configured
+
+    return api_error_text(exc)
 
 
 def _fabric(report: Status) -> Finding:

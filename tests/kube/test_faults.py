@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from kubernetes import client as k8s
 from test_publisher import BOOT, KEY, kcfg, our_taint, report
@@ -120,3 +121,40 @@ def test_watching_reader_across_an_api_server_restart(own_apiserver: ApiServer) 
         assert device_plugin_finding(cfg, reader.device_plugin(dp)).reason == "DaemonSetMissing"
     finally:
         reader.stop()
+
+
+def test_every_api_failure_says_what_failed_in_one_line(
+    apiserver: ApiServer, tmp_path: Path,
+) -> None:
+    """A wrong CA was reported as '(0)', the client library's text for an ApiException of
+    status 0: now the TLS failure and the server. Refused connections and refusals by RBAC
+    say theirs too (through the publisher's status and the device plugin's Unknown)."""
+    from nodeagent.kube.api import Counters, call
+    from nodeagent.publish.publisher import describe_error
+    from tests.kit.helpers import free_port
+    from tests.kit.pki import make_ca, pem_cert
+
+    other_ca = tmp_path / "other-ca.crt"
+    other_ca.write_bytes(pem_cert(make_ca("not-the-cluster-ca")[0]))
+    conf = apiserver.configuration("agent-node-a")
+    conf.ssl_ca_cert = str(other_ca)
+    port = apiserver.url.rsplit(":", 1)[1]
+
+    def failure(client: k8s.ApiClient, path: str = "/api/v1/nodes/node-a") -> str:
+        try:
+            call(client, Counters(), "GET", path)
+        except Exception as exc:
+            return describe_error(exc)
+        raise AssertionError("the request succeeded")
+
+    wrong_ca = failure(k8s.ApiClient(conf))
+    assert wrong_ca.startswith("TLS: certificate verify failed"), wrong_ca
+    assert wrong_ca.endswith(f"(127.0.0.1:{port})") and "\n" not in wrong_ca, wrong_ca
+
+    nobody = apiserver.configuration("agent-node-a")
+    nobody.host = f"https://127.0.0.1:{free_port()}"
+    refused = failure(k8s.ApiClient(nobody))
+    assert "Connection refused" in refused and "(127.0.0.1:" in refused, refused
+
+    forbidden = failure(apiserver.client("stranger"))
+    assert forbidden.startswith("HTTP 403: ") and "forbidden" in forbidden, forbidden
