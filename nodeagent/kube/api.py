@@ -30,16 +30,30 @@ from nodeagent.io.safeyaml import safe_yaml
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
 REQUEST_DEADLINE = 15.0  # a whole request, headers and body: a trickling server cannot hold it
+# One reply, one watch event: far above what the agent reads (its Node, its DaemonSet, the
+# pods on its node: tens of KiB). A server that sends more is refused, not buffered.
+MAX_REPLY = 64 << 20
+# `kubectl fabric` lists every Node and Lease at once: ~15 KiB a Node, so 10,000 Nodes
+# are ~150 MB.
+FLEET_MAX_REPLY = 1 << 30
+READ_CHUNK = 64 << 10
+
+
+class ReplyTooLarge(ValueError):
+    pass
 
 
 class ApiClient(k8s.ApiClient):
     """The kubernetes client, its connections tracked for request deadlines."""
 
     request_deadline = REQUEST_DEADLINE
+    max_reply = MAX_REPLY
 
-    def __init__(self, conf: k8s.Configuration, request_deadline: float) -> None:
+    def __init__(self, conf: k8s.Configuration, request_deadline: float,
+                 max_reply: int = MAX_REPLY) -> None:
         super().__init__(conf)
         self.request_deadline = request_deadline
+        self.max_reply = max_reply
         self.rest_client.pool_manager.pool_classes_by_scheme = dict(TRACKED_POOLS)
 
 
@@ -80,7 +94,7 @@ def user_client(kubeconfig: str | None, context: str | None,
     else:
         k8s_config.load_incluster_config(client_configuration=conf)
     conf.retries = False
-    return ApiClient(conf, request_deadline)
+    return ApiClient(conf, request_deadline, FLEET_MAX_REPLY)
 
 
 def api_client(cfg: Kubernetes, request_deadline: float = REQUEST_DEADLINE) -> ApiClient:
@@ -130,7 +144,11 @@ def call(
         with deadline(seconds):
             resp = api.call_api(method, url, header_params=headers, body=data,
                                 post_params=post, _request_timeout=TIMEOUT)
-            resp.read()
+            reply = _read_bounded(resp.response, f"{method} {path}",
+                                  getattr(api, "max_reply", MAX_REPLY))
+    except ReplyTooLarge:
+        counters.errors += 1
+        raise
     except Exception as exc:
         counters.errors += 1  # refused, timed out, TLS
         raise _unreachable(api, exc) from exc
@@ -138,9 +156,10 @@ def call(
         counters.errors += 1
         if resp.status == 409:
             counters.conflicts += 1
-        raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+        raise ApiException(status=resp.status, reason=resp.reason,
+                           body=reply.decode("utf-8", "replace"))
     try:
-        result = parse_json_state((resp.data or b"{}").decode("utf-8"))
+        result = parse_json_state((reply or b"{}").decode("utf-8"))
     except ValueError as exc:  # UnicodeDecodeError too
         raise ValueError(f"{method} {path}: reply is not JSON: {exc}") from None
     if not isinstance(result, dict):
@@ -198,6 +217,24 @@ def _no_answer(text: str, at: str, exc: BaseException) -> str:
     return ((lines[0] if lines else type(exc).__name__) + at)[:MAX_ERROR]
 
 
+def _read_bounded(raw: Any, what: str, limit: int = MAX_REPLY) -> bytes:
+    """A reply's body, refused past `limit` bytes (announced or sent); the connection is
+    then dropped, never returned to the pool half-read."""
+    length = str(raw.headers.get("Content-Length") or "")
+    if length.isdigit() and int(length) > limit:
+        raw.close()
+        raise ReplyTooLarge(f"{what}: reply of {int(length)} bytes, over the {limit} allowed")
+    parts: list[bytes] = []
+    size = 0
+    for chunk in raw.stream(READ_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raw.close()
+            raise ReplyTooLarge(f"{what}: reply over the {limit} bytes allowed")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 def _unreachable(api: k8s.ApiClient, exc: Exception) -> Exception:
     """A request that got no answer, as ApiUnreachable naming its server; an answer (an
     ApiException with an HTTP status) as it is."""
@@ -231,27 +268,41 @@ def watch(
     except Exception as exc:
         raise _unreachable(api, exc) from exc
     if resp.status != 200:
-        resp.read()
-        raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
-    return WatchStream(resp.response)
+        reply = _read_bounded(resp.response, f"watch {path}", getattr(api, "max_reply", MAX_REPLY))
+        raise ApiException(status=resp.status, reason=resp.reason,
+                           body=reply.decode("utf-8", "replace"))
+    return WatchStream(resp.response, getattr(api, "max_reply", MAX_REPLY))
 
 
 class WatchStream:
     """The events of one watch, as they arrive. close() from another thread ends it."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, limit: int = MAX_REPLY) -> None:
         self.raw = raw
+        self.limit = limit
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        pending = b""
+        """One event per line. Each chunk is searched once (a line of many chunks is joined
+        once, when its newline comes: before, every chunk re-split all that was pending, so
+        a 200 MB line cost 30 s of CPU); a line past MAX_REPLY ends the watch."""
+        partial: list[bytes] = []  # the line so far: chunks with no newline yet
+        size = 0
         try:
-            for chunk in self.raw.stream(64 << 10):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
+            for chunk in self.raw.stream(READ_CHUNK):
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    line = b"".join([*partial, chunk[start:end]])
+                    partial, size, start = [], 0, end + 1
+                    if len(line) > self.limit:
+                        raise ReplyTooLarge(f"a watch event over the {self.limit} bytes allowed")
                     if line.strip():
                         event: dict[str, Any] = json.loads(line)
                         yield event
+                if start < len(chunk):
+                    partial.append(chunk[start:])
+                    size += len(chunk) - start
+                    if size > self.limit:
+                        raise ReplyTooLarge(f"a watch event over the {self.limit} bytes allowed")
         finally:
             # Never back to the pool half-read: the next watch opens a connection of its own.
             self.raw.close()

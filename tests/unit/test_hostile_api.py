@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodeagent.cli.fleet import fleet_rows, render_table
+from tests.kit.helpers import wait_for
 
 
 def kubeconfig(tmp_path: Path, port: int) -> Path:
@@ -77,13 +78,13 @@ def trickling_server(head: bool) -> Iterator[int]:
 @pytest.mark.parametrize("head", [True, False], ids=["headers", "body"])
 def test_a_trickling_server_cannot_hold_a_request(tmp_path: Path, head: bool) -> None:
     from nodeagent.config import Kubernetes
-    from nodeagent.io.http import DeadlineExceeded
-    from nodeagent.kube.api import Counters, api_client, call
+    from nodeagent.kube.api import ApiUnreachable, Counters, api_client, call
 
     with trickling_server(head) as port:
         api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, port)), 1.5)
         started = time.monotonic()
-        with pytest.raises(DeadlineExceeded, match=r"no complete reply within 1.5s"):
+        with pytest.raises(ApiUnreachable,
+                           match=rf"^no complete reply within 1.5s \(127.0.0.1:{port}\)$"):
             call(api, Counters(), "GET", "/api/v1/nodes/n")  # what the publisher does
         assert time.monotonic() - started < 10  # a hang guard, not a performance figure
 
@@ -96,7 +97,8 @@ def test_fleet_gives_up_on_a_trickling_server_in_one_line(tmp_path: Path) -> Non
             capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [
-        "fleet: cannot list nodes and leases: no complete reply within 1s"], proc.stderr
+        f"fleet: cannot list nodes and leases: no complete reply within 1s (127.0.0.1:{port})"
+    ], proc.stderr
 
 
 class _Canned(BaseHTTPRequestHandler):
@@ -214,3 +216,88 @@ def test_a_watch_that_always_ends_in_410_is_not_relisted_in_a_tight_loop(
     assert watches, _Gone.requests  # it did watch, and was told 410 each time
     # The backoff doubles from 0.5 s (random below the bound): a handful in 4 s, not 100.
     assert len(_Gone.requests) <= 20, len(_Gone.requests)
+
+
+class _Flood(BaseHTTPRequestHandler):
+    """Lists fine; a watch is one line that never ends (200 MB, no newline), a GET of
+    `/big` announces 100 MB, and a GET of `/chunked` sends 200 MB with no length."""
+
+    sent: ClassVar[dict[str, int]] = {}
+    protocol_version = "HTTP/1.1"
+
+    def _stream(self, total: int, chunked: bool) -> None:
+        block = b"x" * (1 << 20)
+        sent = 0
+        try:
+            while sent < total:
+                if chunked:
+                    self.wfile.write(f"{len(block):x}\r\n".encode() + block + b"\r\n")
+                else:
+                    self.wfile.write(block)
+                sent += len(block)
+        except OSError:
+            pass  # the client hung up: what was sent by then is the figure
+        self.sent[self.path.split("?")[0]] = sent
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        if "watch=" in self.path:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._stream(200 << 20, chunked=True)
+        elif self.path.startswith("/big"):
+            self.send_header("Content-Length", str(100 << 20))
+            self.end_headers()
+            self._stream(100 << 20, chunked=False)
+        elif self.path.startswith("/chunked"):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._stream(200 << 20, chunked=True)
+        else:
+            body = json.dumps({"metadata": {"resourceVersion": "7"}, "items": []}).encode()
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_replies_and_watch_lines_past_the_cap_are_refused_not_buffered(
+        tmp_path: Path) -> None:
+    """Before: a 200 MB watch line was buffered whole (161 MB resident, 30 s of CPU: the
+    buffer re-split at every chunk), and a reply of any size was read. Now each is refused
+    past the client's cap (1 MiB here, 64 MiB by default), in one line."""
+    from nodeagent.config import Kubernetes
+    from nodeagent.kube.api import Counters, ReplyTooLarge, api_client, call
+    from nodeagent.kube.watch import WatchedCollection
+
+    _Flood.sent = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flood)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, server.server_address[1])))
+    api.max_reply = 1 << 20
+    try:
+        with pytest.raises(ReplyTooLarge, match=r"GET /big: reply of 104857600 bytes, over"):
+            call(api, Counters(), "GET", "/big")
+        with pytest.raises(ReplyTooLarge, match=r"GET /chunked: reply over the 1048576 bytes"):
+            call(api, Counters(), "GET", "/chunked")
+        errors: list[str] = []
+        watcher = WatchedCollection(api, Counters(), "/api/v1/nodes", [],
+                                    lambda: errors.append(watcher.error or ""))
+        watcher.start()
+        try:
+            wait_for(lambda: any("watch event over the 1048576 bytes" in e for e in errors),
+                     what="the watch refused")
+        finally:
+            watcher.stop()
+        wait_for(lambda: "/api/v1/nodes" in _Flood.sent and "/chunked" in _Flood.sent,
+                 what="the server told the client hung up")
+    finally:
+        server.shutdown()
+    # What the server got out before the client hung up: the cap and the socket buffers,
+    # not the 200 MB it had to send.
+    assert _Flood.sent["/api/v1/nodes"] < 64 << 20, _Flood.sent
+    assert _Flood.sent["/chunked"] < 64 << 20, _Flood.sent
