@@ -42,8 +42,14 @@ def deletion_drift(rail: Rail, ifindex: int | None, gone: Deletion) -> list[Drif
     if gone.address is not None:
         a = gone.address
         if gone.ifindex == ifindex and a.address == rail.ip and a.prefixlen == rail.prefixlen:
+            # The kernel drops the table's routes with the address (their source and their
+            # gateway's subnet go with it): planned with it, in one repair, rather than
+            # from the deletions that follow (each a turn of its own).
             return [Drift(rail.name, DriftKind.ADDRESS_MISSING,
-                          f"{rail.label}: address {rail.address} deleted", repairable=True)]
+                          f"{rail.label}: address {rail.address} deleted", repairable=True),
+                    *(Drift(rail.name, DriftKind.ROUTE_MISSING,
+                            f"{rail.label}: route {dst} dropped with the address",
+                            repairable=True, detail=dst) for dst, _ in desired_routes(rail))]
         return []
     if rail.table is None:
         return []

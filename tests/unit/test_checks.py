@@ -255,8 +255,10 @@ def test_deletion_drift_names_only_what_the_rail_owns() -> None:
     def kinds(gone: Deletion) -> list[tuple[DriftKind, str]]:
         return [(d.kind, d.detail) for d in deletion_drift(rail, 7, gone)]
 
+    # The kernel drops the table's routes with the address: they are planned with it.
     assert kinds(Deletion("address", 7, AddressInfo("10.10.0.5", 24, socket.AF_INET))) == [
-        (DriftKind.ADDRESS_MISSING, "")]
+        (DriftKind.ADDRESS_MISSING, ""), (DriftKind.ROUTE_MISSING, "10.10.0.0/24"),
+        (DriftKind.ROUTE_MISSING, "0.0.0.0/0")]
     assert kinds(Deletion("address", 8, AddressInfo("10.10.0.5", 24, socket.AF_INET))) == []
     assert kinds(Deletion("address", 7, AddressInfo("10.10.0.6", 24, socket.AF_INET))) == []
     assert kinds(Deletion("address", 7, AddressInfo("10.10.0.5", 16, socket.AF_INET))) == []
