@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -57,6 +58,34 @@ class BoundedRunner:
             return sum(1 for p, _ in self.outstanding.values() if p.poll() is None)
 
 
+class ProcessGroups:
+    """The process groups of the checks running now: killed all at once when their owner
+    stops (the daemon's SIGTERM must not leave a ten-minute check running)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[int] = set()
+        self._closed = False
+
+    def add(self, pgid: int) -> bool:
+        """False once closed: the caller kills what it just started."""
+        with self._lock:
+            if not self._closed:
+                self._running.add(pgid)
+            return not self._closed
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._running.discard(pgid)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for pgid in running:
+            _kill_group(pgid)
+
+
 @dataclass(frozen=True)
 class CommandRun:
     returncode: int | None  # None: it did not finish in time, or could not be started
@@ -65,45 +94,66 @@ class CommandRun:
     error: str | None = None  # why there is no return code
 
 
-def run_bounded(argv: list[str], timeout: float, max_output: int = 4096) -> CommandRun:
+DRAIN_GRACE = 0.5  # output still read this long after the check ended
+
+
+def run_bounded(argv: list[str], timeout: float, max_output: int = 4096,
+                groups: ProcessGroups | None = None) -> CommandRun:
     """Run a check: stdout kept up to `max_output` bytes (the rest read and dropped, so a
     chatty program never blocks), stderr discarded; past `timeout` its whole process group
     is killed. Whatever it left running in its group is killed when it ends too: a check
-    must not leave anything behind."""
+    must not leave anything behind. Its output is read for DRAIN_GRACE after it ended, then
+    the pipe is closed: a process that left the group (setsid) and holds the pipe cannot
+    keep a thread waiting on it. With `groups`, its group is killed when they are."""
     started = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         return CommandRun(None, b"", 0.0, f"cannot run {argv[0]}: {exc.strerror or exc}")
+    if groups is not None and not groups.add(proc.pid):
+        _kill_group(proc.pid)  # its owner stopped while it started
     kept: list[bytes] = []
+    ended = threading.Event()
     assert proc.stdout is not None
     pipe = proc.stdout
 
     def drain() -> None:
-        size = 0
+        size, until = 0, None
         with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(pipe.fileno(), 65536):
+            while until is None or time.monotonic() < until:
+                if until is None and ended.is_set():
+                    until = time.monotonic() + DRAIN_GRACE
+                if not select.select([pipe], [], [], 0.05)[0]:
+                    continue
+                chunk = os.read(pipe.fileno(), 65536)
+                if not chunk:
+                    return
                 if size < max_output:
                     kept.append(chunk[: max_output - size])
                 size += len(chunk)
 
     reader = threading.Thread(target=drain, name="check-output", daemon=True)
     reader.start()
+    error = None
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
+        error = f"no answer within {timeout:g} s (killed)"
         _kill_group(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(1.0)  # one in uninterruptible sleep is left; it cannot hold the caller
-        reader.join(0.5)
-        return CommandRun(None, b"".join(kept), time.monotonic() - started,
-                          f"no answer within {timeout:g} s (killed)")
-    _kill_group(proc.pid)  # its leftovers, e.g. a background child holding stdout
-    reader.join(1.0)
-    with contextlib.suppress(OSError):
-        pipe.close()
-    return CommandRun(proc.returncode, b"".join(kept), time.monotonic() - started)
+            proc.wait(1.0)  # one in uninterruptible sleep is left: it cannot hold us
+    else:
+        _kill_group(proc.pid)  # its leftovers, e.g. a background child holding stdout
+    finally:
+        ended.set()
+        reader.join(DRAIN_GRACE + 1.0)
+        with contextlib.suppress(OSError):
+            pipe.close()
+        if groups is not None:
+            groups.discard(proc.pid)
+    return CommandRun(None if error else proc.returncode, b"".join(kept),
+                      time.monotonic() - started, error)
 
 
 def _kill_group(pgid: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from nodeagent.config import Config, CustomCheck
-from nodeagent.io.commands import run_bounded
+from nodeagent.io.commands import ProcessGroups, run_bounded
 from nodeagent.io.files import printable
 from nodeagent.io.periodic import Periodic
 from nodeagent.model import CustomCheckResult
@@ -21,8 +21,8 @@ from nodeagent.run.work import CustomChecksSeen, Deliver
 MESSAGE_MAX = 200
 
 
-def run_check(check: CustomCheck) -> CustomCheckResult:
-    run = run_bounded(check.command, check.timeout)
+def run_check(check: CustomCheck, groups: ProcessGroups | None = None) -> CustomCheckResult:
+    run = run_bounded(check.command, check.timeout, groups=groups)
     lines = run.output.decode("utf-8", errors="replace").splitlines()
     first = printable(next((line.strip() for line in lines if line.strip()), ""))
     first = first[:MESSAGE_MAX]
@@ -55,6 +55,7 @@ class CustomChecksMonitor(Periodic):
         self.deliver = deliver
         self.results: dict[str, CustomCheckResult] = {}
         self._due: dict[str, float] = {}
+        self.running = ProcessGroups()  # the check running now, killed by stop()
 
     def turn(self) -> float:
         checks = self.cfg.custom_checks.checks if self.cfg.custom_checks else []
@@ -66,10 +67,10 @@ class CustomChecksMonitor(Periodic):
             if self.halted:
                 return 0.0
             if self._due.get(check.name, 0.0) <= now:
-                self.results[check.name] = run_check(check)
+                self.results[check.name] = run_check(check, self.running)
                 self._due[check.name] = time.monotonic() + check.interval
                 ran = True
-        if ran:
+        if ran and not self.halted:  # a check stop() killed is no result
             self.deliver(CustomChecksSeen(dict(self.results)))
         nxt = min((self._due.get(c.name, 0.0) for c in checks), default=now + 30.0)
         return max(0.05, nxt - time.monotonic())
@@ -78,3 +79,9 @@ class CustomChecksMonitor(Periodic):
         """New settings: run every check now."""
         self._due.clear()
         super().wake()
+
+    def stop(self) -> None:
+        """The check running now is killed with its group, here and now: the daemon's
+        exit does not wait for it, and nothing it started may outlive the agent."""
+        super().stop()
+        self.running.kill_all()

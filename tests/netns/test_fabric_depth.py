@@ -106,3 +106,31 @@ def test_custom_checks_feed_their_condition_and_gate_the_fabric(
     finally:
         code, out = stop_daemon(proc)
     assert code == 0 and "Traceback" not in out, daemon_log(proc)
+
+
+def test_sigterm_kills_a_check_that_is_still_running(
+        rails_ns: Netns, agent_config: dict[str, Any], tmp_path: Path) -> None:
+    """A ten-minute check and the child it started, running when the daemon is told to
+    stop: the daemon exits 0 and neither outlives it (before, both ran on)."""
+    pidfile = tmp_path / "check.pid"
+    long = tmp_path / "long-check"
+    long.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nsleep 600 &\necho $! >> {pidfile}\n"
+                    "wait\n")
+    long.chmod(0o755)
+    agent_config["custom_checks"] = {"checks": [
+        {"name": "burn-in", "command": [str(long)], "timeout": "15m", "interval": "1h"}]}
+    proc = rails_ns.start_daemon(write_config(tmp_path / "c.yaml", agent_config))
+    try:
+        wait_for(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2, 20,
+                 "the check and its child running")
+    finally:
+        code, out = stop_daemon(proc)
+    assert code == 0 and "Traceback" not in out, daemon_log(proc)
+    pids = [int(p) for p in pidfile.read_text().split()]
+
+    def gone(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        except OSError:
+            return True
+    wait_for(lambda: all(gone(pid) for pid in pids), 10, "the check and its child killed")

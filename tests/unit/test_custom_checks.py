@@ -129,3 +129,61 @@ def test_config_errors_name_the_key(checks: list[dict[str, object]], problem: st
     with pytest.raises(ConfigError) as err:
         parse_config({"custom_checks": {"checks": checks}})
     assert problem in "\n".join(err.value.problems)
+
+
+def _gone(pid: int) -> bool:
+    path = Path(f"/proc/{pid}/stat")
+    try:
+        return path.read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_check_running_when_its_source_stops_is_killed(tmp_path: Path) -> None:
+    """Before: stop() only set a flag; the daemon exited 0 and a ten-minute check ran on."""
+    import queue
+
+    from nodeagent.run.custom import CustomChecksMonitor
+    from tests.kit.helpers import wait_for
+
+    pidfile = tmp_path / "check.pid"
+    long = script(tmp_path, "long", f"echo $$ > {pidfile}; sleep 600 & echo $! >> {pidfile};"
+                                    " wait")
+    cfg = parse_config({"custom_checks": {"checks": [
+        {"name": "long", "command": [long], "timeout": "15m"}]}})
+    got: queue.SimpleQueue[object] = queue.SimpleQueue()
+    monitor = CustomChecksMonitor(cfg, got.put)
+    monitor.start()
+    wait_for(lambda: len(pidfile.read_text().split()) == 2 if pidfile.exists() else False,
+             what="the check and its child running")
+    pids = [int(p) for p in pidfile.read_text().split()]
+    monitor.stop()
+    wait_for(lambda: all(_gone(pid) for pid in pids), what="the check and its child killed")
+    monitor.join(5)
+    assert not monitor.is_alive() and got.empty(), "a killed check is no result"
+
+
+def test_a_check_that_escapes_its_group_holds_no_thread(tmp_path: Path) -> None:
+    """A check that daemonizes (setsid) keeps its stdout open past its own end. Before, the
+    reader thread stayed blocked on that pipe for as long as the escaped process lived."""
+    import threading
+
+    pidfile = tmp_path / "escaped.pid"
+    escapes = script(tmp_path, "escapes",
+                     f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 600' &\n"
+                     f"while [ ! -s {pidfile} ]; do sleep 0.01; done\n"  # out of our group now
+                     "echo started; exit 0")
+    before = {t.ident for t in threading.enumerate() if t.name == "check-output"}
+    try:
+        got = check([escapes])
+        assert (got.verdict, got.message) == ("ok", "started")
+        left = [t for t in threading.enumerate()
+                if t.name == "check-output" and t.ident not in before]
+        assert not left, "a reader thread still waits on the escaped process's pipe"
+    finally:
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.05)
+        if pidfile.exists() and pidfile.read_text().strip():
+            os.kill(int(pidfile.read_text()), 9)
