@@ -233,6 +233,10 @@ class Rail(_Strict):
     @field_validator("interface")
     @classmethod
     def _ifname(cls, v: str) -> str:
+        if v in ("lo", "all", "default"):
+            # all/default: the kernel's sysctl trees for every interface, not one
+            raise ValueError(f"{shown(v)} cannot be a rail (the loopback, or the sysctl "
+                             "tree of every interface)")
         return check_ifname(v)
 
     @field_validator("rdma_device")
@@ -252,6 +256,18 @@ class Rail(_Strict):
             iface = ipaddress.IPv4Interface(v)
         except ValueError:
             raise ValueError(f"{shown(v)} is not an IPv4 interface address") from None
+        ip, net = iface.ip, iface.network
+        if net.prefixlen == 0:
+            raise ValueError(f"{shown(v)}: a /0 prefix makes every address the rail's subnet")
+        kind = ("unspecified" if ip.is_unspecified else "loopback" if ip.is_loopback
+                else "multicast" if ip.is_multicast else "reserved" if ip.is_reserved
+                else None)
+        if kind is not None:
+            article = "an" if kind[0] in "aeiou" else "a"
+            raise ValueError(f"{shown(v)} is {article} {kind} address, not a host's")
+        if net.prefixlen <= 30 and ip in (net.network_address, net.broadcast_address):
+            which = "network" if ip == net.network_address else "broadcast"
+            raise ValueError(f"{shown(v)} is the {which} address of {net}")
         return str(iface)
 
     @field_validator("gateway")
@@ -615,6 +631,20 @@ def _describe(error: Any) -> str:
     return msg
 
 
+def _overlapping_subnets(rails: list[tuple[int, Rail]]) -> list[str]:
+    """Two rails whose subnets overlap: the kernel's connected routes, and so the path a
+    rail's traffic takes, would be ambiguous. (The same address twice is a duplicate.)"""
+    problems: list[str] = []
+    for n, (i, rail) in enumerate(rails):
+        net = rail.interface_address.network
+        for j, other in rails[:n]:
+            if other.ip != rail.ip and net.overlaps(other.interface_address.network):
+                problems.append(f"rails[{i}].address: subnet {net} overlaps rails[{j}]'s "
+                                f"{other.network}")
+                break
+    return problems
+
+
 def _semantic_problems(rails: list[tuple[int, Rail]],
                        mounts: list[tuple[int, LustreMount]]) -> list[str]:
     """Cross-field rules pydantic cannot place on one key, over the rails and mounts that
@@ -648,6 +678,12 @@ def _semantic_problems(rails: list[tuple[int, Rail]],
                 )
             elif rail.gateway == rail.ip:
                 problems.append(f"{where}.gateway: {rail.gateway} is the rail's own address")
+            elif ipaddress.IPv4Address(rail.gateway) in (
+                    rail.interface_address.network.network_address,
+                    rail.interface_address.network.broadcast_address):
+                problems.append(f"{where}.gateway: {rail.gateway} is the network or broadcast "
+                                f"address of {rail.network}")
+    problems += _overlapping_subnets(rails)
     points: dict[str, int] = {}
     for i, mount in mounts:
         if mount.mountpoint in points:

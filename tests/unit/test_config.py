@@ -73,6 +73,28 @@ def test_design_example_config_is_valid() -> None:
          "rails[0].table: 254 is reserved or out of range (use 1..252 or 256..4294967295)"),
         ({"mtu": 10}, "rails[0].mtu: Input should be greater than or equal to 68 (got 10)"),
         ({"colour": "blue"}, "rails[0].colour: unknown key"),
+        # Accepted before, each a rail that cannot work (or writes every interface's
+        # sysctls): refused in one line.
+        ({"address": "10.10.0.5/0"},
+         "rails[0].address: '10.10.0.5/0': a /0 prefix makes every address the rail's subnet"),
+        ({"address": "10.10.0.0/24"},
+         "rails[0].address: '10.10.0.0/24' is the network address of 10.10.0.0/24"),
+        ({"address": "10.10.0.255/24"},
+         "rails[0].address: '10.10.0.255/24' is the broadcast address of 10.10.0.0/24"),
+        ({"address": "127.0.0.5/8"},
+         "rails[0].address: '127.0.0.5/8' is a loopback address, not a host's"),
+        ({"address": "224.0.0.5/24"},
+         "rails[0].address: '224.0.0.5/24' is a multicast address, not a host's"),
+        ({"address": "0.0.0.0/8"},
+         "rails[0].address: '0.0.0.0/8' is an unspecified address, not a host's"),
+        ({"interface": "lo"}, "rails[0].interface: 'lo' cannot be a rail (the loopback, or "
+                              "the sysctl tree of every interface)"),
+        ({"interface": "all"}, "rails[0].interface: 'all' cannot be a rail (the loopback, or "
+                               "the sysctl tree of every interface)"),
+        ({"table": 100, "gateway": "10.10.0.255"},
+         "rails[0].gateway: 10.10.0.255 is the network or broadcast address of 10.10.0.0/24"),
+        ({"table": 100, "gateway": "10.10.0.0"},
+         "rails[0].gateway: 10.10.0.0 is the network or broadcast address of 10.10.0.0/24"),
         ({"sysctls": {"rp_filter": 7}}, "rails[0].sysctls: rp_filter=7 is out of range 0..2"),
         ({"sysctls": {"forwarding": 1}},
          "rails[0].sysctls: unknown rail sysctl 'forwarding' (known: accept_ra, "
@@ -118,6 +140,13 @@ def test_duplicate_address_with_other_prefix() -> None:
     other = {"name": "r1", "interface": "ens2", "address": "10.10.0.5/16"}
     got = problems({"rails": [RAIL, other]})
     assert got == ["rails[1].address: '10.10.0.5' duplicates rails[0].address"]
+
+
+def test_overlapping_rail_subnets() -> None:
+    wide = {"name": "r1", "interface": "ens2", "address": "10.10.1.5/16"}
+    apart = {"name": "r2", "interface": "ens3", "address": "10.12.0.5/24"}
+    assert problems({"rails": [RAIL, wide, apart]}) == [
+        "rails[1].address: subnet 10.10.0.0/16 overlaps rails[0]'s 10.10.0.0/24"]
 
 
 def test_rule_priority_and_gateway_need_a_table() -> None:
