@@ -117,8 +117,12 @@ def _absolute_path(value: Path) -> Path:
 
 def _command_name(value: str) -> str:
     """A program: a name looked up on PATH, or an absolute path."""
-    if not value or "\0" in value or ("/" in value and not value.startswith("/")):
+    if not value.strip() or "\0" in value or ("/" in value and not value.startswith("/")):
         raise ValueError(f"{shown(value)} is neither a command name nor an absolute path")
+    if value.startswith("-"):
+        raise ValueError(f"{shown(value)} starts with '-': an option, not a program")
+    if "/" not in value and any(c.isspace() for c in value):
+        raise ValueError(f"{shown(value)} is a command line: give the program alone")
     return value
 
 
@@ -132,6 +136,24 @@ def _argv(argv: list[str]) -> list[str]:
 
 
 AbsPath = Annotated[Path, BeforeValidator(_not_empty), AfterValidator(_absolute_path)]
+
+# Directories of the system: never the agent's own (it creates, locks and replaces files
+# in its state and runtime directories).
+_SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/etc", "/home", "/lib", "/lib64", "/opt",
+                          "/root", "/run", "/sbin", "/srv", "/tmp", "/usr", "/var",
+                          "/var/lib", "/var/run", "/var/tmp"})
+
+
+def _own_directory(value: Path) -> Path:
+    text = os.path.normpath(str(value))
+    if text in _SYSTEM_DIRS or any(text == top or text.startswith(top + "/")
+                                   for top in ("/proc", "/sys", "/dev")):
+        raise ValueError(f"{shown(text)} is a system directory, not one of the agent's own "
+                         "(e.g. /var/lib/nodeagent)")
+    return value
+
+
+OwnDir = Annotated[AbsPath, AfterValidator(_own_directory)]
 Argv = Annotated[list[str], Field(min_length=1), AfterValidator(_argv)]
 Command = Annotated[str, AfterValidator(_command_name)]
 
@@ -490,7 +512,12 @@ class LustreMount(_Strict):
     def _absolute(cls, v: str) -> str:
         if not v.startswith("/") or "\0" in v:
             raise ValueError(f"{shown(v)} is not an absolute path")
-        return v.rstrip("/") or "/"
+        if not v.isprintable():
+            raise ValueError(f"{shown(v)} holds a control character (a newline?)")
+        v = v.rstrip("/") or "/"
+        if v == "/":
+            raise ValueError("'/' is the root filesystem, not a Lustre mount")
+        return v
 
 
 
@@ -556,8 +583,8 @@ class Kubernetes(_Strict):
 class Config(_Strict):
     node_name: str | None = None  # default: $NODE_NAME, else the hostname
     paths: Paths = Paths()
-    state_dir: AbsPath = Path("/var/lib/nodeagent")
-    runtime_dir: AbsPath = Path("/run/nodeagent")
+    state_dir: OwnDir = Path("/var/lib/nodeagent")
+    runtime_dir: OwnDir = Path("/run/nodeagent")
     resync_interval: Annotated[float, BeforeValidator(parse_duration),
                                AfterValidator(_at_least(1.0, "1s"))] = 30.0
     # Receive buffer of the netlink event socket; on overflow the agent resyncs everything.

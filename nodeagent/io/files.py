@@ -185,11 +185,27 @@ def write_attribute(root: Path, parts: Sequence[str], text: str) -> None:
         os.close(fd)
 
 
+def make_dirs(path: Path, mode: int = 0o755) -> None:
+    """`path` and its missing parents, each made with `mode` exactly, whatever the umask:
+    under umask 000, `mkdir -p` made them 0777, so anyone could plant files where the agent
+    writes (the unit's UMask=0077 hid it; the agent does not rely on it)."""
+    missing: list[Path] = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs, left as it is
+        os.chmod(directory, mode)
+
+
 def write_json_atomic(path: Path, data: Any, durable: bool = True) -> None:
     """Write JSON so readers see the old file or the new one, never half of one.
     `durable` also waits for the disk (state that must survive a power loss); the status
     file, rewritten every pass into the runtime directory, skips that wait."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

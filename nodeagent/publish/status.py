@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.io.files import STATUS_MAX, parse_json_state, read_text_bounded, write_json_atomic
+from nodeagent.io.files import (
+    STATUS_MAX,
+    make_dirs,
+    parse_json_state,
+    read_text_bounded,
+    write_json_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +97,7 @@ class DaemonLock:
         self.fd = fd
 
     def _acquire(self) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         for _ in range(5):
             fd = self._lock_path()
             if self._is_at_path(fd):

@@ -277,3 +277,49 @@ def test_rails_are_managed_unless_said_otherwise() -> None:
         "manage_rails: Input should be a valid boolean, unable to interpret input "
         "(got 'sometimes')"]
 
+
+
+@pytest.mark.parametrize(("patch", "expected"), [
+    ({"state_dir": "/etc"}, "state_dir: '/etc' is a system directory, not one of the "
+                            "agent's own (e.g. /var/lib/nodeagent)"),
+    ({"runtime_dir": "/"}, "runtime_dir: '/' is a system directory, not one of the agent's "
+                           "own (e.g. /var/lib/nodeagent)"),
+    ({"state_dir": "/proc/self"}, "state_dir: '/proc/self' is a system directory, not one of "
+                                  "the agent's own (e.g. /var/lib/nodeagent)"),
+    ({"paths": {"lfs": "lfs -x"}}, "paths.lfs: 'lfs -x' is a command line: give the program "
+                                   "alone"),
+    ({"custom_checks": {"checks": [{"name": "c", "command": [" "]}]}},
+     "custom_checks.checks[0].command: ' ' is neither a command name nor an absolute path"),
+    ({"custom_checks": {"checks": [{"name": "c", "command": ["-rf"]}]}},
+     "custom_checks.checks[0].command: '-rf' starts with '-': an option, not a program"),
+    ({"lustre": [{"mountpoint": "/", "source": "10.0.0.1@o2ib:/scratch"}]},
+     "lustre[0].mountpoint: '/' is the root filesystem, not a Lustre mount"),
+    ({"lustre": [{"mountpoint": "/lustre\n/scratch", "source": "10.0.0.1@o2ib:/scratch"}]},
+     "lustre[0].mountpoint: '/lustre\\n/scratch' holds a control character (a newline?)"),
+])
+def test_paths_and_commands_that_are_not_the_agents_own(patch: dict[str, Any],
+                                                          expected: str) -> None:
+    assert problems(patch) == [expected]
+
+
+def test_directories_are_made_without_the_umask(tmp_path: Path) -> None:
+    """Under umask 000 the state and runtime directories (and the parents made for them)
+    were 0777; now each is 0755 whatever the umask."""
+    import os
+    import stat
+
+    from nodeagent.io.files import write_json_atomic
+    from nodeagent.publish.status import DaemonLock
+
+    old = os.umask(0)
+    try:
+        write_json_atomic(tmp_path / "state" / "deep" / "pins.json", {})
+        lock = DaemonLock(tmp_path / "run")
+        lock.acquire()
+        assert lock.fd is not None
+        os.close(lock.fd)
+    finally:
+        os.umask(old)
+    for made in ("state", "state/deep", "run"):
+        mode = stat.S_IMODE((tmp_path / made).stat().st_mode)
+        assert mode == 0o755, (made, oct(mode))

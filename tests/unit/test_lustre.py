@@ -128,9 +128,11 @@ def test_reasons(tmp_path: Path) -> None:
         return finding(d, **kw)
 
     # The probe of a fixture mountpoint fails (nothing is mounted at /lustre here), so
-    # judge these on mountinfo with a mountpoint that exists and answers: /.
-    root_line = LUSTRE_LINE.replace("/lustre/scratch", "/")
-    root = {"mountpoint": "/", "source": SRC, "options": ["flock"]}
+    # judge these on mountinfo with a mountpoint that exists and answers: this test's own
+    # directory (not /: the root filesystem is refused as a Lustre mountpoint).
+    here = str(tmp_path)
+    root_line = LUSTRE_LINE.replace("/lustre/scratch", here)
+    root = {"mountpoint": here, "source": SRC, "options": ["flock"]}
     assert case("ok", mountinfo=root_line, mount=root)[:2] == ("True", "MountsHealthy")
     assert case("absent", mountinfo="")[:2] == ("False", "NotMounted")
     assert case("type", mountinfo=root_line.replace(" lustre ", " nfs4 "), mount=root)[:2] == (
@@ -138,7 +140,7 @@ def test_reasons(tmp_path: Path) -> None:
     status, reason, message = case("source", mountinfo=root_line.replace(SRC, "10.9.9.9@tcp:/x"),
                                    mount=root)
     assert (status, reason) == ("False", "WrongSource")
-    assert message == f"/: source 10.9.9.9@tcp:/x, want {SRC}"
+    assert message == f"{here}: source 10.9.9.9@tcp:/x, want {SRC}"
     assert case("option", mountinfo=root_line.replace(",flock", ""), mount=root)[:2] == (
         "False", "MissingOption")
     assert case("unhealthy", mountinfo=root_line, mount=root,
@@ -151,7 +153,7 @@ def test_reasons(tmp_path: Path) -> None:
     d.mkdir()
     status, reason, message = finding(d, root_line, root, lfs=fake_lfs(d, LFS_DOWN, 1))
     assert (status, reason) == ("False", "TargetUnreachable")
-    assert message == ("/: unreachable targets scratch-OST0000-osc-ffff8881083c6000, "
+    assert message == (f"{here}: unreachable targets scratch-OST0000-osc-ffff8881083c6000, "
                        "scratch-OST0001-osc-ffff8881083c6000")
     d = tmp_path / "lfs-ok"
     d.mkdir()
