@@ -161,7 +161,7 @@ class Agent:
     def apply_reload(self, got: Reloaded) -> None:
         """A config that cannot be loaded, validated or applied never stops the daemon; it
         keeps the running config, logs why and says so in the status file."""
-        cfg = self.reloader.accepted(got)
+        cfg = self.reloader.accepted(got, self.cfg)
         if cfg is None:
             return
         previous = self.cfg
@@ -171,7 +171,7 @@ class Agent:
             self.reloader.not_applied(err)
             self._configure(previous)
             return
-        self.reloader.applied(cfg)
+        self.reloader.applied(cfg, previous)
         self.sources.start_missing(cfg)  # sections configured for the first time
 
     # ------------------------------------------------------------ events

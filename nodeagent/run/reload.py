@@ -54,8 +54,17 @@ class ConfigReloader:
         check.daemon = True
         check.start()
 
-    def accepted(self, got: Reloaded) -> Config | None:
-        """The config a finished read brought, or None (logged, and kept as the error)."""
+    def accepted(self, got: Reloaded, running: Config) -> Config | None:
+        """The config a finished read brought, or None (logged, and kept as the error).
+        Refused too: a config with no rails when rails run now (an emptied or truncated file
+        would have the agent let go of every rail), and one that moves the runtime
+        directory (its lock stays where the daemon took it)."""
+        if got.cfg is not None and got.error is None:
+            refused = _not_at_a_reload(got.cfg, running)
+            if refused:
+                log.error("reload rejected, keeping the last good config: %s", refused)
+                self.error = refused
+                return None
         exc = got.error
         if isinstance(exc, ConfigError):
             for line in exc.problems:
@@ -74,9 +83,15 @@ class ConfigReloader:
                   type(err).__name__, err)
         self.error = f"cannot apply: {type(err).__name__}: {err}"[:1000]
 
-    def applied(self, cfg: Config) -> None:
-        self.error = None
-        log.info("config reloaded: %d rail(s)", len(cfg.rails))
+    def applied(self, cfg: Config, previous: Config) -> None:
+        later = [name for name in ("kubernetes", "metrics")
+                 if getattr(cfg, name) != getattr(previous, name)]
+        # Said in the status file until the next reload: taken, but not all of it yet.
+        verb = "take" if len(later) > 1 else "takes"
+        self.error = (f"applied, but the {' and '.join(later)} section{'s' * (len(later) > 1)}"
+                      f" {verb} effect at a restart" if later else None)
+        log.info("config reloaded: %d rail(s)%s", len(cfg.rails),
+                 f"; {self.error}" if self.error else "")
 
     def status_error(self) -> str | None:
         """What the status file says of reloads: the last one's failure, or a read that
@@ -85,3 +100,13 @@ class ConfigReloader:
         if reading is not None and reading > RELOAD_SLOW:
             self.error = f"a reload has been reading the config for {reading:.0f}s"
         return self.error
+
+
+def _not_at_a_reload(cfg: Config, running: Config) -> str | None:
+    if running.rails and not cfg.rails:
+        return (f"the new config names no rails ({len(running.rails)} run now); a config "
+                "without rails is taken only at a restart")
+    if cfg.runtime_dir != running.runtime_dir:
+        return (f"runtime_dir {cfg.runtime_dir} (now {running.runtime_dir}) is taken only at "
+                "a restart: the daemon's lock is in the running one")
+    return None

@@ -308,6 +308,8 @@ BAD_CONFIGS: dict[str, tuple[str | bytes | None, str]] = {
     "nan": ("resync_interval: .nan\n", "NaN is not a duration"),
     "fifo": (None, "a FIFO, not a regular file"),
     "gone": (b"", "config file not found"),
+    # Valid, but the agent would let go of every rail: an emptied or truncated file.
+    "empty": ("", "the new config names no rails (2 run now)"),
 }
 
 
@@ -617,3 +619,28 @@ def test_signals_during_start_up_neither_kill_nor_trace(
     early.send_signal(signal.SIGINT)
     assert early.wait(timeout=20) in (0, 128 + signal.SIGINT)
     assert "Traceback" not in daemon_log(early), daemon_log(early)
+
+
+def test_a_reload_takes_what_it_can_and_says_what_waits_for_a_restart(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """A reload that moves the runtime directory is refused (the daemon's lock stays in the
+    old one); one that adds the metrics section is applied, and the status file says the
+    section takes effect at a restart (before: both taken silently)."""
+    path = tmp_path / "c.yaml"
+    proc = start(rails_ns, daemon_config, path)
+    moved = {**daemon_config, "runtime_dir": str(tmp_path / "elsewhere")}
+    write_config(path, moved)
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "is taken only at a restart: the daemon's lock is in the running one"
+             in ((status_of(daemon_config) or {}).get("daemon", {}).get("reload_error") or ""),
+             what="the move refused")
+    assert not (tmp_path / "elsewhere").exists()
+    daemon_config["rails"][1]["mtu"] = 4000  # and a change that is applied now
+    write_config(path, {**daemon_config, "metrics": {"listen": "127.0.0.1:1"}})
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: rails_ns.link("r1")["mtu"] == 4000, what="the new mtu enforced")
+    wait_for(lambda: ((status_of(daemon_config) or {}).get("daemon", {}).get("reload_error")
+                      or "") == "applied, but the metrics section takes effect at a restart",
+             what="the restart-only section named")
+    stop_cleanly(proc)
