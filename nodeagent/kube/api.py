@@ -91,6 +91,10 @@ def user_client(kubeconfig: str | None, context: str | None,
         _load_kubeconfig(path, conf, context)
     elif context:
         raise k8s_config.ConfigException(f"--context {context}: no kubeconfig to find it in")
+    elif not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        raise k8s_config.ConfigException(
+            "no kubeconfig: none given (--kubeconfig), none in $KUBECONFIG, no "
+            "~/.kube/config, and not in a pod (KUBERNETES_SERVICE_HOST is not set)")
     else:
         k8s_config.load_incluster_config(client_configuration=conf)
     conf.retries = False

@@ -301,3 +301,17 @@ def test_replies_and_watch_lines_past_the_cap_are_refused_not_buffered(
     # not the 200 MB it had to send.
     assert _Flood.sent["/api/v1/nodes"] < 64 << 20, _Flood.sent
     assert _Flood.sent["/chunked"] < 64 << 20, _Flood.sent
+
+
+def test_fleet_without_any_kubeconfig_says_what_it_looked_for(tmp_path: Path) -> None:
+    """Before: `fleet: Service host/port is not set.` (the in-cluster loader's words)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "nodeagent", "fleet"], capture_output=True,
+                          text=True, timeout=60, env={**env, "HOME": str(tmp_path)})
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        "fleet: no kubeconfig: none given (--kubeconfig), none in $KUBECONFIG, no "
+        "~/.kube/config, and not in a pod (KUBERNETES_SERVICE_HOST is not set)"], proc.stderr
