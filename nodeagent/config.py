@@ -487,14 +487,29 @@ class CustomChecks(_Strict):
 
 class Metrics(_Strict):
     listen: str = "127.0.0.1:9464"  # host:port of the Prometheus endpoint (loopback)
+    expose: bool = False  # true: `listen` may be an address other hosts reach
 
     @field_validator("listen")
     @classmethod
     def _hostport(cls, v: str) -> str:
-        _host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        host, sep, port = v.rpartition(":")
+        if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise ValueError(f"{shown(v)} is not host:port (e.g. 127.0.0.1:9464)")
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            if host != "localhost":
+                raise ValueError(f"{shown(v)}: {shown(host)} is not an IP address or "
+                                 "localhost") from None
         return v
+
+    @model_validator(mode="after")
+    def _loopback_unless_exposed(self) -> Metrics:
+        host = self.listen.rpartition(":")[0].strip("[]")
+        if not self.expose and host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"listen {self.listen} is reachable from other hosts: set "
+                             "metrics.expose: true to mean it")
+        return self
 
 
 class LustreMount(_Strict):

@@ -323,3 +323,20 @@ def test_directories_are_made_without_the_umask(tmp_path: Path) -> None:
     for made in ("state", "state/deep", "run"):
         mode = stat.S_IMODE((tmp_path / made).stat().st_mode)
         assert mode == 0o755, (made, oct(mode))
+
+
+@pytest.mark.parametrize(("metrics", "expected"), [
+    ({"listen": "0.0.0.0:9464"},
+     "metrics: listen 0.0.0.0:9464 is reachable from other hosts: set metrics.expose: true "
+     "to mean it"),
+    ({"listen": "metrics.example:9464"},
+     "metrics.listen: 'metrics.example:9464': 'metrics.example' is not an IP address or "
+     "localhost"),
+    ({"listen": "127.0.0.1:\u0669\u0664\u0666\u0664"},  # Arabic-Indic digits
+     "metrics.listen: '127.0.0.1:\u0669\u0664\u0666\u0664' is not host:port (e.g. "
+     "127.0.0.1:9464)"),
+])
+def test_metrics_listen_stays_on_this_host_unless_exposed(metrics: dict[str, Any],
+                                                          expected: str) -> None:
+    assert problems({"metrics": metrics}) == [expected]
+    assert parse_config({"metrics": {"listen": "0.0.0.0:9464", "expose": True}}).metrics
