@@ -38,9 +38,10 @@ CONFIG_ENV = "NODEAGENT_CONFIG"
 # A plain number of seconds, or one or more number+unit parts as Go and Kubernetes write
 # durations ("1h30m", "1m30s"), plus days ("1d"); at most one part per unit.
 _NUMBER = r"\d{1,12}(?:\.\d{1,9})?"
-_PLAIN = re.compile(rf"^\s*({_NUMBER})\s*$")
-_PARTS = re.compile(rf"^\s*(?:{_NUMBER}(?:ms|s|m|h|d)){{1,5}}\s*$")
-_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
+# ASCII digits only: Python's \d and float() take Arabic-Indic and other digits too.
+_PLAIN = re.compile(rf"^\s*({_NUMBER})\s*$", re.ASCII)
+_PARTS = re.compile(rf"^\s*(?:{_NUMBER}(?:ms|s|m|h|d)){{1,5}}\s*$", re.ASCII)
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)", re.ASCII)
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_HINT = "use e.g. 30s, 500ms, 2m, 1h30m, 1d"
 MAX_DURATION = 7 * 24 * 3600.0  # no interval, timeout or window is longer than a week

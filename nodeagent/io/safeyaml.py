@@ -59,10 +59,31 @@ class _SafeLoader(yaml.SafeLoader):
         if len(text.lstrip("+-")) > MAX_INT_DIGITS:
             raise yaml.YAMLError(f"line {node.start_mark.line + 1}: integer with more than "
                                  f"{MAX_INT_DIGITS} digits")
+        _not_yaml11_only(node, text)
         return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        _not_yaml11_only(node, str(node.value).replace("_", ""))
+        return super().construct_yaml_float(node)
+
+
+def _not_yaml11_only(node: yaml.ScalarNode, text: str) -> None:
+    """YAML 1.1 reads `25:00` as 1500 (base 60) and `0100` as 64 (octal): numbers no one
+    writing a config means. Refused, so a value is never silently another one."""
+    digits = text.lstrip("+-")
+    if ":" in digits:
+        what = "a base-60 number"
+    elif len(digits) > 1 and digits[0] == "0" and digits[1:].isdigit():
+        what = "an octal number"
+    else:
+        return
+    raise yaml.YAMLError(f"line {node.start_mark.line + 1}: {shown(node.value)} is {what} in "
+                         f"YAML 1.1, not what it looks like: quote it, or write the number "
+                         "in decimal")
 
 
 _SafeLoader.add_constructor("tag:yaml.org,2002:int", _SafeLoader.construct_yaml_int)
+_SafeLoader.add_constructor("tag:yaml.org,2002:float", _SafeLoader.construct_yaml_float)
 
 
 def _check_expanded(root: yaml.Node) -> None:

@@ -340,3 +340,30 @@ def test_metrics_listen_stays_on_this_host_unless_exposed(metrics: dict[str, Any
                                                           expected: str) -> None:
     assert problems({"metrics": metrics}) == [expected]
     assert parse_config({"metrics": {"listen": "0.0.0.0:9464", "expose": True}}).metrics
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # YAML 1.1 reads these as 1500 and 64: refused rather than taken as another number.
+    ("rails:\n  - {name: a, interface: e0, address: 10.1.0.5/24, mtu: 25:00}\n",
+     "line 2: '25:00' is a base-60 number in YAML 1.1, not what it looks like: quote it, "
+     "or write the number in decimal"),
+    ("rails:\n  - {name: a, interface: e0, address: 10.1.0.5/24, table: 0100}\n",
+     "line 2: '0100' is an octal number in YAML 1.1, not what it looks like: quote it, or "
+     "write the number in decimal"),
+    ("resync_interval: \u0663\u0660s\n",  # Arabic-Indic digits: float() takes them
+     "resync_interval: '\u0663\u0660s' is not a duration (use e.g. 30s, 500ms, 2m, 1h30m, 1d)"),
+])
+def test_numbers_that_read_as_other_numbers_are_refused(tmp_path: Path, text: str,
+                                                        expected: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: {expected}"]
+    assert load_config(_written(tmp_path, "resync_interval: 30s\n")).resync_interval == 30.0
+
+
+def _written(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "ok.yaml"
+    path.write_text(text)
+    return path
