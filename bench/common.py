@@ -45,11 +45,12 @@ def make_rails(n: int, tmp: Path, slots: int = 255) -> dict[str, Any]:
     for i in range(n):
         ip("link", "add", "name", f"r{i}", "type", "veth", "peer", "name", f"p{i}")
         ip("link", "set", f"p{i}", "up")
-        addr = f"10.{100 + i}.0.5"
+        net = f"10.{100 + i // 250}.{i % 250}"  # a /24 each, for up to 37,000 rails
+        addr = f"{net}.5"
         make_gid_tree(tmp / "sys", f"mlx5_{i}", roce_entries(f"r{i}", addr), slots=slots)
         rails.append({"name": f"rail{i}", "interface": f"r{i}", "address": f"{addr}/24",
-                      "mtu": 4200, "table": 100 + i, "rule_priority": 1000 + i,
-                      "gateway": f"10.{100 + i}.0.1"})
+                      "mtu": 4200, "table": 1000 + i, "rule_priority": 1000 + i,
+                      "gateway": f"{net}.1"})
     return {
         "node_name": "bench",
         "paths": {"sysfs": str(tmp / "sys")},

@@ -5,7 +5,7 @@ in-process) to the kernel announcing it restored (a netlink event on our own mon
 socket). The same driver then runs against bench/bare_repair.py, a bare pyroute2 loop that
 only re-adds what was deleted: both are printed, with the agent/bare ratio of p50 and p99.
 Goals: p99 <= 20 ms; agent within 1.5x of the bare loop.
-Usage: sudo .venv/bin/python bench/repair_latency.py [--count N]
+Usage: sudo .venv/bin/python bench/repair_latency.py [--count N] [--rails N --position K]
 """
 
 from __future__ import annotations
@@ -101,13 +101,16 @@ def end(proc: subprocess.Popen[Any]) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--count", type=int, default=200)
+    ap.add_argument("--rails", type=int, default=1, help="rails the daemon manages")
+    ap.add_argument("--position", type=int, default=0,
+                    help="which of them is deleted from (scale: does a rail's place cost?)")
     args = ap.parse_args()
     reexec_in_netns()
     tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
-    data = make_rails(1, tmp)
+    data = make_rails(args.rails, tmp, slots=16 if args.rails > 8 else 255)
     data["resync_interval"] = "1h"  # repairs must come from events
     data["repair_guard"] = {"max_repairs": 100_000}  # the bench is a deliberate fight
-    rail = data["rails"][0]
+    rail = data["rails"][args.position]
     daemon = start_daemon(tmp, data)
     try:
         agent = drive(rail, args.count)
