@@ -244,7 +244,7 @@ def cmd_fleet(args: argparse.Namespace) -> None:
         def heartbeats() -> None:  # each agent renews its Lease when due
             while not stop.is_set():
                 now = time.monotonic()
-                due = [p for p in pubs.values() if p._next_lease <= now]
+                due = [p for p in pubs.values() if p._due.lease <= now]
                 list(pool.map(lambda p: p.sync_once(), due))
                 time.sleep(0.2)
 

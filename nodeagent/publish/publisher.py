@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import Kubernetes
@@ -44,6 +44,23 @@ class PublishState:
     taint_reason: str = STARTING
 
 
+@dataclass
+class _Due:
+    """When the publisher's timed writes are next due (monotonic seconds)."""
+
+    lease: float = 0.0  # the Lease renewed
+    reconcile: float = 0.0  # the Node re-read while no watch serves it
+    heartbeat: float = 0.0  # the conditions' lastHeartbeatTime refreshed
+
+
+@dataclass
+class _Written:
+    """What the publisher last wrote to the Node."""
+
+    key: tuple[Any, ...] | None = None  # findings, taint and labels
+    conditions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> status, reason
+
+
 class Publisher(threading.Thread):
     def __init__(
         self,
@@ -64,11 +81,8 @@ class Publisher(threading.Thread):
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._latest: Status | None = None
-        self._published: dict[str, tuple[str, str]] = {}  # type -> (status, reason) on the Node
-        self._applied: tuple[Any, ...] | None = None  # findings + taint last written
-        self._next_lease = 0.0
-        self._next_reconcile = 0.0
-        self._next_heartbeat = 0.0  # conditions' lastHeartbeatTime refreshed by then
+        self._written = _Written()
+        self._due = _Due()
         self.node_watch: WatchedCollection | None = None  # the agent's own Node, watched
         self._node_dirty = False  # the watch saw a change not yet compared
 
@@ -101,11 +115,11 @@ class Publisher(threading.Thread):
         retry_in: float | None = None  # after a failed round: the jittered wait
         while not self._halt.is_set():
             now = self.clock()
-            deadlines = [self._next_lease]
-            if self._applied is not None:
-                deadlines.append(self._next_heartbeat)
+            deadlines = [self._due.lease]
+            if self._written.key is not None:
+                deadlines.append(self._due.heartbeat)
             if self._watched_node() is None:  # only then is the Node re-read on a timer
-                deadlines.append(self._next_reconcile)
+                deadlines.append(self._due.reconcile)
             lift = self.gate.lifts_at()
             if lift is not None:
                 deadlines.append(lift)
@@ -158,27 +172,27 @@ class Publisher(threading.Thread):
             dirty, self._node_dirty = self._node_dirty, False
             watched = self._watched_node()
             # Without a working watch, the Node is re-read every reconcile_interval.
-            reconcile = watched is None and now >= self._next_reconcile
+            reconcile = watched is None and now >= self._due.reconcile
             # The local loop resubmits an unchanged report every resync: that costs nothing
             # here. A change, the periodic reconcile, or anyone's edit of the Node that
             # leaves it off the verdict (seen by the watch) writes the Node.
             key = (tuple((f.type, f.status, f.reason, f.message) for f in report.findings),
                    want, tuple(sorted(report.labels.items())))
             # Before the agent's first write the Node lacks its verdict by no one's doing.
-            foreign = (dirty and watched is not None and self._applied is not None
+            foreign = (dirty and watched is not None and self._written.key is not None
                        and self._drifted(watched, report, tainted))
-            beat = self._applied is not None and now >= self._next_heartbeat
-            if reconcile or foreign or beat or key != self._applied or tainted != before:
+            beat = self._written.key is not None and now >= self._due.heartbeat
+            if reconcile or foreign or beat or key != self._written.key or tainted != before:
                 if foreign:
                     log.info("node %s: changed by another writer; putting back the agent's "
                              "taint, cordon, conditions and labels", writer.node)
                 self._sync_node(report, tainted, watched)
-                self._applied = key
+                self._written.key = key
                 if reconcile:
-                    self._next_reconcile = now + self.cfg.reconcile_interval
-        if now >= self._next_lease:
+                    self._due.reconcile = now + self.cfg.reconcile_interval
+        if now >= self._due.lease:
             writer.renew_lease()
-            self._next_lease = now + self.cfg.lease_period
+            self._due.lease = now + self.cfg.lease_period
         self.state.synced = True
         self.state.last_error = None
 
@@ -225,8 +239,8 @@ class Publisher(threading.Thread):
         node = node if node is not None else writer.read_node()
         uid = node.get("metadata", {}).get("uid")
         existing = node.get("status", {}).get("conditions") or []
-        if not self._published:  # a restart: what the Node already says is not news
-            self._published = {c["type"]: (c.get("status", ""), c.get("reason", ""))
+        if not self._written.conditions:  # a restart: what the Node already says is not news
+            self._written.conditions = {c["type"]: (c.get("status", ""), c.get("reason", ""))
                                for c in existing if "type" in c}
         # The taint first: it is what keeps pods off, and the Node just read is still
         # current for its resourceVersion precondition (a status patch first would make it
@@ -236,18 +250,18 @@ class Publisher(threading.Thread):
                                                report.labels)
         now = time.time()
         updates = condition_updates(existing, report.findings, now, report.since)
-        if updates or self.clock() >= self._next_heartbeat:
+        if updates or self.clock() >= self._due.heartbeat:
             # One status patch carries any change and every condition's heartbeat: the
             # heartbeat costs a write of its own only when nothing changed for a while.
             writer.patch_conditions(condition_updates(existing, report.findings, now,
                                                       report.since, every=True))
-            self._next_heartbeat = self.clock() + self.cfg.heartbeat_interval
+            self._due.heartbeat = self.clock() + self.cfg.heartbeat_interval
         for f in report.findings:
-            was = self._published.get(f.type)
+            was = self._written.conditions.get(f.type)
             if was != (f.status, f.reason):
                 writer.event(uid, f"{f.type}{'' if f.ok else 'Failed'}",
                              f"{f.type}={f.status} ({f.reason}): {f.message}", not f.ok)
-                self._published[f.type] = (f.status, f.reason)
+                self._written.conditions[f.type] = (f.status, f.reason)
         for change in changes:
             if change.what is Changed.LABELS:
                 writer.event(uid, "HardwareFingerprint", change.text, False)
