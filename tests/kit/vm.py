@@ -214,14 +214,23 @@ class VM:
     def control_path(self) -> Path:
         return self.workdir / "ssh-master.sock"
 
-    def _ssh_options(self) -> list[str]:
+    def _ssh_options(self, direct: bool = False) -> list[str]:
         # Through one master connection when it is up (ControlMaster=no: without it, each
         # command connects on its own). A new connection costs the emulated guest a key
         # exchange and a logind session: 2.2 s a command, 0.2 s through the master.
+        # `direct`: a connection of its own whatever the master's state.
+        path = "none" if direct else str(self.control_path)
         return ["-i", str(self.image.key), "-o", "StrictHostKeyChecking=no",
                 "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
-                "-o", "BatchMode=yes", "-o", f"ControlPath={self.control_path}",
-                "-o", "ControlMaster=no"]
+                "-o", "BatchMode=yes", "-o", f"ControlPath={path}", "-o", "ControlMaster=no"]
+
+    def _drop_master(self) -> None:
+        """A master that failed a command (its link lost, or refusing sessions: sshd's
+        MaxSessions once sessions were left open) is ended; the next start_master makes a
+        new one."""
+        subprocess.run(["ssh", "-q", "-o", f"ControlPath={self.control_path}", "-O", "exit",
+                        "-p", str(self.ssh_port), "root@127.0.0.1"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
     def start_master(self) -> None:
         """The shared connection, in the background (its stdio not the caller's pipes: a
@@ -235,21 +244,19 @@ class VM:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             timeout=60, check=False)
 
-    def _master_up(self) -> bool:
-        return subprocess.run(
-            ["ssh", "-q", "-o", f"ControlPath={self.control_path}", "-O", "check",
-             "-p", str(self.ssh_port), "root@127.0.0.1"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-            check=False).returncode == 0
-
     def ssh(self, command: str, check: bool = True,
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        args = ["ssh", "-q", *self._ssh_options(), "-p", str(self.ssh_port), "root@127.0.0.1",
-                command]
+        dropped = False
         for attempt in range(6):
+            # A retry connects on its own: the master may be what failed.
+            args = ["ssh", "-q", *self._ssh_options(direct=attempt > 0), "-p",
+                    str(self.ssh_port), "root@127.0.0.1", command]
             try:
                 res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired as exc:
+                if self.booted:
+                    self._drop_master()  # a session may be stuck in it
+                    self.start_master()
                 if check:
                     raise RuntimeError(f"guest command timed out after {timeout}s: "
                                        f"{command}") from exc
@@ -258,16 +265,19 @@ class VM:
             # management link): the command did not run, so it is safe to try again.
             if res.returncode != 255 or res.stdout or attempt == 5:
                 break
+            if self.booted and not dropped:
+                self._drop_master()
+                dropped = True
             time.sleep(2)
-            if self.booted and not self._master_up():
-                self.start_master()  # the master went with the link: a new one
+        if dropped and res.returncode != 255:
+            self.start_master()  # the guest answers again: commands share one connection
         if check and res.returncode != 0:
             raise RuntimeError(f"guest command failed ({res.returncode}): {command}\n"
                                f"{res.stdout[-2000:]}{res.stderr[-2000:]}")
         return res
 
     def put(self, local: Path, remote: str) -> None:
-        _run("scp", "-q", "-r", *self._ssh_options(), "-P", str(self.ssh_port),
+        _run("scp", "-q", "-r", *self._ssh_options(direct=True), "-P", str(self.ssh_port),
              str(local), f"root@127.0.0.1:{remote}")
 
     def write(self, remote: str, text: str) -> None:
