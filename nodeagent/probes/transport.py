@@ -73,41 +73,48 @@ class _Pair:
                     obj.close()
 
 
-def _connect(pair: _Pair, port: int, gid: Any, gid_index: int) -> None:
+def connect_rc(qp: Any, port: int, gid_index: int, remote_qpn: int, remote_gid: Any,
+               remote_psn: int = 0, local_psn: int = 0, mtu: int | None = None,
+               access: int | None = None) -> None:
+    """One RC QP through INIT, RTR and RTS to a remote QP, addressed by the remote GID
+    from the local pinned `gid_index` (as NCCL does with NCCL_IB_GID_INDEX). `mtu` is an
+    IBV_MTU_* (default 1024); `access` the remote access it grants (default none)."""
     import pyverbs.enums as e
     from pyverbs.addr import AHAttr, GlobalRoute
     from pyverbs.qp import QPAttr
 
-    me_peer = ((pair.qps[0], pair.qps[1]), (pair.qps[1], pair.qps[0]))
-    for step, state in ((Step.QP_INIT, "init"), (Step.QP_RTR, "rtr"), (Step.QP_RTS, "rts")):
-        for me, peer in me_peer:
-            try:
-                if state == "init":
-                    attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
-                    attr.port_num = port
-                    attr.pkey_index = 0
-                    attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
-                    me.to_init(attr)
-                    continue
-                attr = QPAttr()
-                attr.path_mtu = e.IBV_MTU_1024
-                attr.dest_qp_num = peer.qp_num
-                attr.rq_psn = 0
-                attr.max_dest_rd_atomic = 1
-                attr.min_rnr_timer = 1
-                attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=gid, sgid_index=gid_index),
-                                      is_global=1, port_num=port)
-                if state == "rtr":
-                    me.to_rtr(attr)
-                    continue
-                attr.sq_psn = 0
-                attr.timeout = 12  # 4.096 us * 2^12 = 17 ms per try
-                attr.retry_cnt = 3
-                attr.rnr_retry = 3
-                attr.max_rd_atomic = 1
-                me.to_rts(attr)
-            except Exception as exc:
-                raise ProbeFailed(step, _first_line(exc)) from exc
+    step = Step.QP_INIT
+    try:
+        attr = QPAttr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
+        attr.port_num = port
+        attr.pkey_index = 0
+        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE if access is None else access
+        qp.to_init(attr)
+        step = Step.QP_RTR
+        attr = QPAttr()
+        attr.path_mtu = e.IBV_MTU_1024 if mtu is None else mtu
+        attr.dest_qp_num = remote_qpn
+        attr.rq_psn = remote_psn
+        attr.max_dest_rd_atomic = 1
+        attr.min_rnr_timer = 1
+        attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=remote_gid, sgid_index=gid_index),
+                              is_global=1, port_num=port)
+        qp.to_rtr(attr)
+        step = Step.QP_RTS
+        attr.sq_psn = local_psn
+        attr.timeout = 12  # 4.096 us * 2^12 = 17 ms per try
+        attr.retry_cnt = 3
+        attr.rnr_retry = 3
+        attr.max_rd_atomic = 1
+        qp.to_rts(attr)
+    except Exception as exc:
+        raise ProbeFailed(step, _first_line(exc)) from exc
+
+
+def _connect(pair: _Pair, port: int, gid: Any, gid_index: int) -> None:
+    first, second = pair.qps
+    connect_rc(first, port, gid_index, second.qp_num, gid)
+    connect_rc(second, port, gid_index, first.qp_num, gid)
 
 
 def _complete(cq: Any, want: set[int], deadline: float) -> None:
@@ -127,30 +134,42 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
-def _open(pair: _Pair, device: str, port: int, gid_index: int, address: str) -> Any:
-    """The device opened, its port ACTIVE, the rail's GID at the pin; the GID."""
+def open_device(device: str, port: int, gid_index: int, address: str) -> tuple[Any, Any, int]:
+    """The device opened, its port ACTIVE, the rail's GID at the pin: (context, GID, the
+    port's active MTU as an IBV_MTU_*). The context is closed again if a step fails."""
     import pyverbs.enums as e
     from pyverbs.device import Context
 
     try:
-        pair.ctx = Context(name=device)
+        ctx = Context(name=device)
     except Exception as exc:
         raise ProbeFailed(Step.DEVICE_OPEN, _first_line(exc)) from exc
     try:
-        state = pair.ctx.query_port(port).state
-    except Exception as exc:
-        raise ProbeFailed(Step.PORT, _first_line(exc)) from exc
-    if state != e.IBV_PORT_ACTIVE:
-        # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured in
-        # the lab): a port that is not ACTIVE carries nothing to the wire.
-        raise ProbeFailed(Step.PORT, f"port {port} is {port_state(state)}, not ACTIVE")
-    try:
-        gid = pair.ctx.query_gid(port, gid_index)
-    except Exception as exc:
-        raise ProbeFailed(Step.GID, f"index {gid_index}: {exc}") from exc
-    if not gid_matches(str(gid), address):
-        raise ProbeFailed(Step.GID, f"index {gid_index} holds {gid}, not the rail's "
-                          f"::ffff:{address}")
+        try:
+            attr = ctx.query_port(port)
+        except Exception as exc:
+            raise ProbeFailed(Step.PORT, _first_line(exc)) from exc
+        if attr.state != e.IBV_PORT_ACTIVE:
+            # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured
+            # in the lab): a port that is not ACTIVE carries nothing to the wire.
+            raise ProbeFailed(Step.PORT, f"port {port} is {port_state(attr.state)}, not ACTIVE")
+        try:
+            gid = ctx.query_gid(port, gid_index)
+        except Exception as exc:
+            raise ProbeFailed(Step.GID, f"index {gid_index}: {exc}") from exc
+        if not gid_matches(str(gid), address):
+            raise ProbeFailed(Step.GID, f"index {gid_index} holds {gid}, not the rail's "
+                              f"::ffff:{address}")
+    except BaseException:
+        with contextlib.suppress(Exception):
+            ctx.close()
+        raise
+    return ctx, gid, int(attr.active_mtu)
+
+
+def _open(pair: _Pair, device: str, port: int, gid_index: int, address: str) -> Any:
+    """The device opened into the pair; the GID."""
+    pair.ctx, gid, _ = open_device(device, port, gid_index, address)
     return gid
 
 
