@@ -444,6 +444,66 @@ class Transport(_Strict):
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
 
+class Peer(_Strict):
+    """Another node's end of a rail: its rail address, and the node's name for messages."""
+
+    address: str
+    node: str | None = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        try:
+            ip = ipaddress.IPv4Address(v)
+        except ValueError:
+            raise ValueError(f"{shown(v)} is not an IPv4 address") from None
+        if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_reserved:
+            raise ValueError(f"{shown(v)} is not a host's address")
+        return str(ip)
+
+    @field_validator("node")
+    @classmethod
+    def _node(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 253 or not _SUBDOMAIN.match(v)):
+            raise ValueError(f"{shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
+        return v
+
+    @property
+    def label(self) -> str:
+        """How messages name the peer: 'gpu-07 10.10.1.7'."""
+        return f"{self.node} {self.address}" if self.node else self.address
+
+
+MAX_PEERS = 64  # per rail: the probe rate and the responder's allow-list stay bounded
+
+
+class Peers(_Strict):
+    """RDMAPeersReachable: every rail probes its peers over RoCE (an RC QP to the peer's
+    responder, set up over TCP, on the pinned GID index), and answers theirs."""
+
+    port: int = Field(default=18600, ge=1, le=65535)  # the responder's TCP port, per rail
+    interval: Interval = 1.0  # each peer probed this often (at most 10 probes/s per rail)
+    timeout: Timeout = 1.0  # one probe of one peer: TCP setup and every RDMA read
+    reads: int = Field(default=5, ge=1, le=1000)  # small reads per probe (the RTT sample)
+    window: int = Field(default=60, ge=2, le=10_000)  # probes kept per peer (RTT, loss)
+    failures: int = Field(default=2, ge=1, le=100)  # failed probes in a row: a failing peer
+    max_rtt: Duration = 0.01  # PeerLatencyHigh when a peer's RTT p99 is above this
+    static: dict[str, list[Peer]] = Field(default_factory=dict)  # rail name -> its peers
+    gate: bool = False  # true: part of FabricReady (a failure taints the node)
+
+    @field_validator("static")
+    @classmethod
+    def _static(cls, v: dict[str, list[Peer]]) -> dict[str, list[Peer]]:
+        for rail, peers in v.items():
+            if len(peers) > MAX_PEERS:
+                raise ValueError(f"{rail}: {len(peers)} peers, at most {MAX_PEERS} per rail")
+            seen = [p.address for p in peers]
+            dup = sorted({a for a in seen if seen.count(a) > 1})
+            if dup:
+                raise ValueError(f"{rail}: {', '.join(dup)} listed twice")
+        return v
+
+
 class CustomCheck(_Strict):
     """One executable in node-problem-detector's custom-plugin convention: exit 0 OK, 1 a
     problem, 2 (or anything else) unknown; the first line of its stdout is the message."""
@@ -620,6 +680,7 @@ class Config(_Strict):
     hardware: Hardware | None = None
     custom_checks: CustomChecks | None = None
     transport: Transport | None = None
+    peers: Peers | None = None
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
     lustre_interval: Interval = 10.0  # how often the mounts are probed (off the main loop)
@@ -738,6 +799,24 @@ def _semantic_problems(rails: list[tuple[int, Rail]],
     return problems
 
 
+def _peer_problems(cfg: Config) -> list[str]:
+    """peers.static names configured rails, and no peer is one of this node's own rails."""
+    if cfg.peers is None:
+        return []
+    names = [r.name for r in cfg.rails]
+    own = {r.ip for r in cfg.rails}
+    problems = []
+    for rail, peers in cfg.peers.static.items():
+        if rail not in names:
+            problems.append(f"peers.static.{rail}: no rail of that name (rails: "
+                            f"{', '.join(names) or 'none'})")
+        for i, peer in enumerate(peers):
+            if peer.address in own:
+                problems.append(f"peers.static.{rail}[{i}].address: {peer.address} is this "
+                                "node's own rail address")
+    return problems
+
+
 def _valid_items(data: Any, model: type[BaseModel]) -> list[tuple[int, Any]]:
     """The items of a list that validate on their own, with their index."""
     out: list[tuple[int, Any]] = []
@@ -769,6 +848,8 @@ def parse_config(data: Any) -> Config:
         rails = _valid_items(data.get("rails"), Rail)
         mounts = _valid_items(data.get("lustre"), LustreMount)
     problems += _semantic_problems(rails, mounts)
+    if cfg is not None:
+        problems += _peer_problems(cfg)
     if problems or cfg is None:
         raise ConfigError(problems)
     return cfg

@@ -42,6 +42,9 @@ class ConditionType(Words):
     # With a `transport` section: an RC QP pair over each rail's pinned GID exchanged
     # messages (part of FabricReady only with `transport.gate`).
     RDMA_TRANSPORT_VERIFIED = "RDMATransportVerified"
+    # With a `peers` section: each rail reached its peers' rails over RoCE (part of
+    # FabricReady only with `peers.gate`).
+    RDMA_PEERS_REACHABLE = "RDMAPeersReachable"
 
 
 ROCE_NETWORK_READY = ConditionType.ROCE_NETWORK_READY
@@ -53,6 +56,7 @@ FABRIC_TRAFFIC_ON_RDMA = ConditionType.FABRIC_TRAFFIC_ON_RDMA
 RDMA_HARDWARE_HEALTHY = ConditionType.RDMA_HARDWARE_HEALTHY
 CUSTOM_CHECKS_PASSED = ConditionType.CUSTOM_CHECKS_PASSED
 RDMA_TRANSPORT_VERIFIED = ConditionType.RDMA_TRANSPORT_VERIFIED
+RDMA_PEERS_REACHABLE = ConditionType.RDMA_PEERS_REACHABLE
 # The five of the first contract, in the order they are published.
 CONDITION_TYPES = (
     ROCE_NETWORK_READY,
@@ -409,6 +413,61 @@ class TransportResult:
     at: float = 0.0  # when it ran (monotonic), set by whoever ran it
 
 
+class PeerOutcome(Words):
+    """How one probe of a peer ended. Only ROCE_FAILED and MTU_FAILED are fabric verdicts:
+    TCP reached the peer's responder, so the node and its agent are there, and RDMA over
+    the same rail did not get through."""
+
+    OK = "ok"
+    ROCE_FAILED = "RoCE failed"  # the RDMA reads failed or timed out; TCP had worked
+    MTU_FAILED = "MTU failed"  # small reads passed, a read at the path MTU did not
+    NO_RESPONDER = "no responder"  # TCP did not reach it, or it hung up without a reply
+    REFUSED = "refused"  # its responder answered and would not set up (it says why)
+    LOCAL = "local error"  # this side could not set up (device, GID, QP)
+
+
+@dataclass(frozen=True)
+class PeerProbe:
+    """One probe of one peer on one rail."""
+
+    rail: str
+    address: str
+    node: str | None
+    outcome: PeerOutcome
+    error: str = ""  # what failed, in the words of whoever failed (libibverbs, the kernel)
+    rtt_us: tuple[float, ...] = ()  # each small read, in order
+    mtu: int | None = None  # the path MTU the QP used (bytes), once set up
+    at: float = 0.0  # when it ran (monotonic)
+
+    @property
+    def label(self) -> str:
+        return f"{self.node} {self.address}" if self.node else self.address
+
+
+@dataclass(frozen=True)
+class PeerStats:
+    """One peer's recent probes, as the condition and the status file see them."""
+
+    address: str
+    node: str | None
+    last: PeerProbe
+    failing_for: int  # the latest probes in a row that did not end OK
+    probes: int  # in the window
+    failed: int  # in the window
+    rtt_p50_us: float | None = None  # over the OK probes' reads in the window
+    rtt_p99_us: float | None = None
+
+    @property
+    def loss(self) -> float:
+        return self.failed / self.probes if self.probes else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "node": self.node, "outcome": str(self.last.outcome),
+                "error": self.last.error, "failing_for": self.failing_for,
+                "probes": self.probes, "loss": round(self.loss, 4), "mtu": self.last.mtu,
+                "rtt_p50_us": self.rtt_p50_us, "rtt_p99_us": self.rtt_p99_us}
+
+
 @dataclass(frozen=True)
 class CustomCheckResult:
     """One run of a custom check: ok (exit 0), problem (exit 1) or unknown (exit 2, any
@@ -679,6 +738,7 @@ class RailStatus:
     counters: RailCounters | None = None
     port: PortHealth | None = None  # with a hardware section
     transport: TransportResult | None = None  # with a transport section: the latest probe
+    peers: tuple[PeerStats, ...] | None = None  # with a peers section: each peer's probes
     # The daemon's own history of the rail (absent from check/apply):
     carrier_losses_total: int | None = None
     carrier_losses_in_window: int | None = None
@@ -709,6 +769,8 @@ class RailStatus:
                 "latency_p50_us": t.latency_p50_us, "latency_p99_us": t.latency_p99_us,
                 "bandwidth_gbps": t.bandwidth_gbps, "seconds": t.seconds,
                 "gid_index": t.gid_index}
+        if self.peers is not None:
+            out["peers"] = [p.as_dict() for p in self.peers]
         p = self.port
         if p is not None:
             out["port"] = {

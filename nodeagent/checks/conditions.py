@@ -16,6 +16,7 @@ from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.facts import Facts
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding
+from nodeagent.checks.peers import NOT_RESPONDING, peers_finding
 from nodeagent.checks.port_health import hardware_finding
 from nodeagent.checks.traffic import traffic_expectation, traffic_finding
 from nodeagent.checks.transport import transport_finding
@@ -27,6 +28,7 @@ from nodeagent.model import (
     LUSTRE_READY,
     RDMA_DEVICE_PLUGIN_READY,
     RDMA_HARDWARE_HEALTHY,
+    RDMA_PEERS_REACHABLE,
     RDMA_TRANSPORT_VERIFIED,
     ROCE_GID_STABLE,
     ROCE_NETWORK_READY,
@@ -40,6 +42,10 @@ def _always(cfg: Config) -> bool:
     return True
 
 
+def _counts(finding: Finding) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Condition:
     type: str
@@ -48,6 +54,9 @@ class Condition:
     # allows a new type still publishes everything else.
     enabled: Callable[[Config], bool] = _always
     gates: Callable[[Config], bool] = _always
+    # Whether a gated finding holds FabricReady: a verdict that is about another node (its
+    # agent is down) never taints this one.
+    counts: Callable[[Finding], bool] = _counts
 
 
 def _traffic(cfg: Config, facts: Facts) -> Finding:
@@ -84,6 +93,12 @@ CONDITIONS: Sequence[Condition] = (
                                                f.now),
               enabled=lambda cfg: cfg.transport is not None,
               gates=lambda cfg: bool(cfg.transport and cfg.transport.gate)),
+    Condition(RDMA_PEERS_REACHABLE,
+              lambda cfg, f: peers_finding(cfg, f.peer_stats, f.peers_skipped, f.now,
+                                           {r: t.ok for r, t in f.transport_results.items()}),
+              enabled=lambda cfg: cfg.peers is not None,
+              gates=lambda cfg: bool(cfg.peers and cfg.peers.gate),
+              counts=lambda finding: finding.reason != NOT_RESPONDING),
 )
 
 
@@ -93,7 +108,7 @@ def judge_all(cfg: Config, facts: Facts,
     gated ones."""
     judged = [(c, c.judge(cfg, facts)) for c in conditions
               if c is not FABRIC and c.enabled(cfg)]
-    fabric = fabric_finding([f for c, f in judged if c.gates(cfg)])
+    fabric = fabric_finding([f for c, f in judged if c.gates(cfg) and c.counts(f)])
     out = {c.type: f for c, f in judged}
     out[FABRIC_READY] = fabric
     return [out[c.type] for c in conditions if c.type in out]
@@ -114,7 +129,8 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             drift=tuple(d.message for d in facts.drift.get(rail.name, ())),
             gid_index=facts.gid.observed.get(rail.name), gid_index_pinned=pin,
             counters=facts.counters.get(rail.name), port=facts.ports.get(rail.name),
-            transport=facts.transport_results.get(rail.name)))
+            transport=facts.transport_results.get(rail.name),
+            peers=facts.peer_stats.get(rail.name) if cfg.peers is not None else None))
     return rails
 
 

@@ -18,6 +18,7 @@ from nodeagent.model import (
     DevicePluginObservation,
     Drift,
     LustreObservation,
+    PeerStats,
     Pin,
     PortHealth,
     RailCounters,
@@ -46,4 +47,6 @@ class Facts:
     custom_results: Mapping[str, CustomCheckResult] = field(default_factory=dict)
     transport_results: Mapping[str, TransportResult] = field(default_factory=dict)
     transport_skipped: Mapping[str, str] = field(default_factory=dict)
+    peer_stats: Mapping[str, tuple[PeerStats, ...]] = field(default_factory=dict)  # by rail
+    peers_skipped: Mapping[str, str] = field(default_factory=dict)  # rail -> why not probed
     labels: Mapping[str, str] = field(default_factory=dict)  # the hardware fingerprint

@@ -256,8 +256,12 @@ class Agent:
         self.record.last_report = report
         if self.sources.gid_watcher is not None:
             self.sources.gid_watcher.watch(self.evaluator.watched_slots())
-        if self.sources.transport is not None:
-            self.sources.transport.targets = self.evaluator.transport_targets()
+        if self.sources.transport is not None or self.sources.peers is not None:
+            targets = self.evaluator.transport_targets()
+            if self.sources.transport is not None:
+                self.sources.transport.targets = targets
+            if self.sources.peers is not None:
+                self.sources.peers.targets = targets
         self.take_urgent()
         self._publish(report, submit=True)
         return report

@@ -26,6 +26,7 @@ from nodeagent.checks.gid import (
 )
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.network import deletion_drift, rail_drift
+from nodeagent.checks.peers import rail_peer_stats
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.systemd import RAIL
@@ -440,7 +441,9 @@ class Evaluator:
             ports=dict(store.ports), error_rates=store.error_rates,
             custom_results=dict(store.custom_results),
             transport_results=dict(store.transport_results),
-            transport_skipped=dict(store.transport_skipped), labels=dict(store.labels))
+            transport_skipped=dict(store.transport_skipped),
+            peer_stats=(rail_peer_stats(cfg.peers, store.peer_history) if cfg.peers else {}),
+            peers_skipped=dict(store.peers_skipped), labels=dict(store.labels))
 
     def judge(
         self,

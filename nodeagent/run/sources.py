@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # imported when configured: a local-only agent loads no clien
     from nodeagent.kube.watch import WatchedCollection
     from nodeagent.publish.metrics import AgentMetrics
     from nodeagent.run.deviceplugin import DevicePluginMonitor
+    from nodeagent.run.peers import PeerService
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Sources:
         self.plugin: DevicePluginMonitor | None = None
         self.custom: CustomChecksMonitor | None = None
         self.transport: TransportMonitor | None = None
+        self.peers: PeerService | None = None
         self.metrics: AgentMetrics | None = None
         self._metrics_server: Any = None
 
@@ -117,6 +119,11 @@ class Sources:
         if cfg.transport is not None and self.transport is None:
             self.transport = TransportMonitor(cfg, self.deliver)
             self._start(self.transport)
+        if cfg.peers is not None and self.peers is None:
+            from nodeagent.run.peers import PeerService
+
+            self.peers = PeerService(cfg, self.deliver)
+            self._start(self.peers)
         if cfg.rails and self.gid_watcher is None:
             self.gid_watcher = GidSlotWatcher(cfg.paths.sysfs, self.deliver)
             self._start(self.gid_watcher)
@@ -137,6 +144,8 @@ class Sources:
             self.custom.wake()
         if self.transport is not None:
             self.transport.cfg = cfg
+        if self.peers is not None:
+            self.peers.reconfigure(cfg)
 
     def _start_metrics(self, cfg: Config) -> None:
         if cfg.metrics is None:

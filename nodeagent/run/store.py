@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nodeagent.checks.gid import GidVerdict
+from nodeagent.checks.peers import PeerHistory
 from nodeagent.checks.port_health import ErrorRates
 from nodeagent.checks.traffic import TrafficTracker
 from nodeagent.config import Config, Rail
@@ -30,7 +31,7 @@ from nodeagent.model import (
     RailObservation,
     TransportResult,
 )
-from nodeagent.run.work import CustomChecksSeen, LustreSeen, PluginSeen, TransportSeen
+from nodeagent.run.work import CustomChecksSeen, LustreSeen, PeersSeen, PluginSeen, TransportSeen
 from nodeagent.state import load_pins, save_pins
 
 
@@ -52,6 +53,8 @@ class FactStore:
     custom_results: dict[str, CustomCheckResult] = field(default_factory=dict)  # by check
     transport_results: dict[str, TransportResult] = field(default_factory=dict)  # by rail
     transport_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
+    peer_history: PeerHistory = field(default_factory=PeerHistory)  # each peer's probes
+    peers_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
     reads: BoundedReads = field(default_factory=BoundedReads)  # driver reads off-thread
 
@@ -61,11 +64,12 @@ class FactStore:
         now = list(rails)
         same = {r.name for r in before if r in now}
         for facts in (self.observations, self.rail_seen, self.counters, self.ports,
-                      self.transport_results, self.transport_skipped):
+                      self.transport_results, self.transport_skipped, self.peers_skipped):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
 
-    def deliver(self, item: LustreSeen | PluginSeen | CustomChecksSeen | TransportSeen) -> None:
+    def deliver(self, item: LustreSeen | PluginSeen | CustomChecksSeen | TransportSeen
+                | PeersSeen) -> None:
         """A source's observation, kept as the latest of its kind."""
         match item:
             case LustreSeen():
@@ -76,6 +80,8 @@ class FactStore:
                 self.custom_results = item.results
             case TransportSeen():
                 self.observe_transport(item)
+            case PeersSeen():
+                self.observe_peers(item)
 
     def observe_transport(self, seen: TransportSeen) -> None:
         """A round of transport probes: a skipped rail forgets its last result."""
@@ -83,6 +89,11 @@ class FactStore:
         self.transport_skipped = dict(seen.skipped)
         for rail in seen.skipped:
             self.transport_results.pop(rail, None)
+
+
+    def observe_peers(self, seen: PeersSeen) -> None:
+        self.peer_history.observe_round(seen.probes, seen.skipped, seen.window)
+        self.peers_skipped = dict(seen.skipped)
 
 
 class PinKeeper:

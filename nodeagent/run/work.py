@@ -1,12 +1,12 @@
 """What the loop is handed: typed observations from the sources, and its own requests.
 
 The sources (run/netlink.py, run/gidwatch.py, run/lustre.py, run/deviceplugin.py,
-run/custom.py, run/transport.py, the publisher's watch of the agent's own Node) share one contract,
-node-problem-detector's monitor shape: made with a `deliver` callable, `start()` begins
-observing on the source's own trigger (events or a cadence) on its own thread, `stop()`
-ends it, and each observation is handed over with `deliver(observation)`, which never
-blocks. The loop never
-waits on a source's read: it only judges, repairs and publishes.
+run/custom.py, run/transport.py, run/peers.py, the publisher's watch of the agent's own
+Node) share one contract, node-problem-detector's monitor shape: made with a `deliver`
+callable, `start()` begins observing on the source's own trigger (events or a cadence) on
+its own thread, `stop()` ends it, and each observation is handed over with
+`deliver(observation)`, which never blocks. The loop never waits on a source's read: it
+only judges, repairs and publishes.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         DevicePluginObservation,
         KernelEvent,
         LustreObservation,
+        PeerProbe,
         TransportResult,
     )
 
@@ -81,6 +82,13 @@ class TransportSeen:
 
 
 @dataclass(frozen=True)
+class PeersSeen:
+    probes: dict[str, tuple[PeerProbe, ...]]  # by rail, this round's probes of its peers
+    skipped: dict[str, str]  # rail -> why it was not probed
+    window: int = 60  # how many of each peer's probes are judged (peers.window)
+
+
+@dataclass(frozen=True)
 class NodeChanged:
     """The Kubernetes side changed (the agent's Node, its writes): the status file says so
     without a pass."""
@@ -108,7 +116,7 @@ class Reloaded:
 
 
 Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | CustomChecksSeen
-        | TransportSeen | NodeChanged | StopAsked | ReloadAsked | Reloaded)
+        | TransportSeen | PeersSeen | NodeChanged | StopAsked | ReloadAsked | Reloaded)
 Deliver = Callable[[Work], None]
 
 

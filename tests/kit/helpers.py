@@ -158,6 +158,32 @@ def new_netns() -> Netns:
     return ns
 
 
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def entered(ns: Netns) -> Iterator[None]:
+    """This thread inside the namespace (setns(2)), back home at the end. Sockets made
+    inside stay there, and threads started inside are born there (a thread takes its
+    creator's namespaces), so a service under test listens only in the namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    there = os.open(f"/run/netns/{ns.name}", os.O_RDONLY)
+    try:
+        if libc.setns(there, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {ns.name}")
+        try:
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back home")
+    finally:
+        os.close(home)
+        os.close(there)
+
+
 def mounted(mountpoint: Path) -> bool:
     return any(line.split()[4] == str(mountpoint)
                for line in Path("/proc/self/mountinfo").read_text().splitlines())

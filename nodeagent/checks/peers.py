@@ -1,0 +1,172 @@
+"""RDMAPeersReachable: each rail's recent probes of its peers, judged. Pure.
+
+A peer is failing once its latest `peers.failures` probes in a row did not end OK (one
+lost probe is not a verdict). What failed says where the fault is:
+- RoCE failed while TCP reached the same responder: the fabric drops what jobs use while
+  their TCP bootstrap still works, the silent fallback, and the message always says so;
+  all of a rail's peers failing (while they answer on TCP) points at this node's side;
+- small reads passed and a read at the path MTU failed: the path MTU is smaller than the
+  hosts' (a switch port at 1500 behind hosts at 4200);
+- nothing answered on TCP either: the peer or its agent is down, which is not a fabric
+  verdict (Unknown).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nodeagent.config import Config, Peers
+from nodeagent.model import (
+    RDMA_PEERS_REACHABLE,
+    Finding,
+    PeerOutcome,
+    PeerProbe,
+    PeerStats,
+    Problems,
+)
+
+FABRIC_FAULTS = (PeerOutcome.ROCE_FAILED, PeerOutcome.MTU_FAILED)
+NOT_RESPONDING = "PeerNotResponding"  # about the peer, not this node: never a taint
+
+
+@dataclass
+class PeerHistory:
+    """The latest probes of each (rail, peer address), as many as `peers.window`."""
+
+    probes: dict[tuple[str, str], deque[PeerProbe]] = field(default_factory=dict)
+
+    def observe_round(self, probes: Mapping[str, Iterable[PeerProbe]], skipped: Iterable[str],
+                      window: int) -> None:
+        """One round: each probed rail's peers (a peer no longer probed is forgotten, so
+        a reload never judges a peer it dropped), and skipped rails forgotten whole."""
+        gone = set(skipped)
+        kept: set[tuple[str, str]] = set()
+        for rail_probes in probes.values():
+            for p in rail_probes:
+                key = (p.rail, p.address)
+                kept.add(key)
+                have = self.probes.get(key)
+                if have is None or have.maxlen != window:
+                    have = self.probes[key] = deque(have or (), maxlen=window)
+                have.append(p)
+        for key in [k for k in self.probes if k[0] in gone or (k[0] in probes
+                                                               and k not in kept)]:
+            del self.probes[key]
+
+    def stats(self, rail: str, address: str) -> PeerStats | None:
+        kept = self.probes.get((rail, address))
+        if not kept:
+            return None
+        return peer_stats(list(kept))
+
+
+def peer_stats(probes: list[PeerProbe]) -> PeerStats:
+    """The figures of one peer's probes, oldest first (there must be some)."""
+    last = probes[-1]
+    failing = 0
+    for p in reversed(probes):
+        if p.outcome == PeerOutcome.OK:
+            break
+        failing += 1
+    rtts = sorted(r for p in probes if p.outcome == PeerOutcome.OK for r in p.rtt_us)
+    p50 = statistics.median(rtts) if rtts else None
+    p99 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] if rtts else None
+    return PeerStats(last.address, last.node, last, failing, len(probes),
+                     sum(1 for p in probes if p.outcome != PeerOutcome.OK), p50, p99)
+
+
+def rail_peer_stats(peers: Peers, history: PeerHistory) -> dict[str, tuple[PeerStats, ...]]:
+    """Each configured rail's peers that have been probed, in config order."""
+    out: dict[str, tuple[PeerStats, ...]] = {}
+    for rail, listed in peers.static.items():
+        got = [history.stats(rail, p.address) for p in listed]
+        out[rail] = tuple(s for s in got if s is not None)
+    return out
+
+
+def _named(stats: Iterable[PeerStats]) -> str:
+    return "; ".join(f"{s.last.label}: {s.last.error}" for s in stats)
+
+
+def _who(s: PeerStats) -> str:
+    return f"{s.node} {s.address}" if s.node else s.address
+
+
+def peers_finding(cfg: Config, stats: Mapping[str, tuple[PeerStats, ...]],
+                  skipped: Mapping[str, str], now: float,
+                  transport_ok: Mapping[str, bool] | None = None) -> Finding:
+    """The condition over every rail with peers. `transport_ok`: which rails' local
+    transport probe passed (an all-peers failure there is not this node's HCA)."""
+    problems = Problems(RDMA_PEERS_REACHABLE)
+    peers = cfg.peers
+    if peers is None:
+        return problems.finding("NotConfigured", "no peers section configured")
+    fine: list[str] = []
+    stale_after = 3 * (peers.interval + peers.timeout * max(
+        (len(v) for v in peers.static.values()), default=1)) + 5.0
+    for rail in cfg.rails:
+        listed = peers.static.get(rail.name)
+        if not listed:
+            continue
+        got = stats.get(rail.name, ())
+        if rail.name in skipped:
+            problems.unknown("PeersNotProbed", f"{rail.name}: not probed: {skipped[rail.name]}")
+            continue
+        if len(got) < len(listed):
+            problems.unknown("PeersNotProbed", f"{rail.name}: {len(listed) - len(got)} of "
+                             f"{len(listed)} peers not probed yet")
+            continue
+        newest = max(s.last.at for s in got)
+        if now - newest > stale_after:
+            problems.unknown("PeersNotProbed",
+                             f"{rail.name}: last probe {now - newest:.0f} s ago (stuck?)")
+            continue
+        _judge_rail(rail.name, got, peers, problems, fine, (transport_ok or {}).get(rail.name))
+    if not fine and not problems:
+        return problems.finding("NotConfigured", "no rail has peers configured")
+    return problems.finding("PeersReachable", "; ".join(fine))
+
+
+def _judge_rail(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: Problems,
+                fine: list[str], transport_ok: bool | None) -> None:
+    failing = [s for s in got if s.failing_for >= peers.failures]
+    roce = [s for s in failing if s.last.outcome in FABRIC_FAULTS]
+    mtu = [s for s in roce if s.last.outcome == PeerOutcome.MTU_FAILED]
+    silent = [s for s in failing if s.last.outcome in (PeerOutcome.NO_RESPONDER,
+                                                       PeerOutcome.REFUSED)]
+    local = [s for s in failing if s.last.outcome == PeerOutcome.LOCAL]
+    answering = len(got) - len(silent)  # peers whose responder TCP reaches
+    if local:
+        problems.unknown("PeerProbeFailed", f"{rail}: cannot probe: {local[0].last.error}")
+        return
+    if mtu:
+        problems.fail("PathMTUTooSmall",
+                      f"{rail}: {len(mtu)} of {len(got)} peers fail at the path MTU over "
+                      f"RoCE ({_named(mtu)}); TCP reaches them")
+    rest = [s for s in roce if s not in mtu]
+    if rest and len(roce) == answering:
+        where = (" while this node's own transport probe passes" if transport_ok else "")
+        problems.fail("AllPeersUnreachable",
+                      f"{rail}: all {len(roce)} peers fail over RoCE ({_named(rest)}); TCP "
+                      f"reaches them: this node's link, switch port or VLAN{where}")
+    elif rest:
+        problems.fail("PeerUnreachable",
+                      f"{rail}: {len(rest)} of {len(got)} peers fail over RoCE "
+                      f"({_named(rest)}); TCP reaches them")
+    if silent:
+        problems.unknown(NOT_RESPONDING,
+                         f"{rail}: {len(silent)} of {len(got)} peers do not answer on TCP "
+                         f"either, so their agent is down or the node gone ({_named(silent)})")
+    passing = [s for s in got if s.failing_for < peers.failures]
+    slow = [s for s in passing if s.rtt_p99_us is not None
+            and s.rtt_p99_us > peers.max_rtt * 1e6]
+    if slow:
+        problems.fail("PeerLatencyHigh", f"{rail}: RTT p99 over {peers.max_rtt * 1e3:g} ms to "
+                      + ", ".join(f"{_who(s)} ({s.rtt_p99_us or 0:.0f} us)" for s in slow))
+    if len(passing) == len(got) and not slow:
+        worst = max((s.rtt_p99_us or 0.0) for s in got)
+        fine.append(f"{rail}: {len(got)} of {len(got)} peers reached over RoCE "
+                    f"(RTT p99 up to {worst:.0f} us)")

@@ -1,0 +1,139 @@
+"""The peer probe as a source: the responder (run/responder.py) answering this node's
+peers, and a prober thread probing them, each rail's peers one after another, every
+`peers.interval` (stretched so a rail sends at most MAX_RATE probes a second).
+
+Both follow the rails the loop hands over after each pass (`targets`, the transport
+probe's): a rail whose GID is off its pin, or whose device is not known, is neither probed
+nor served, and is delivered as skipped with the reason. Each rail keeps its device
+context open between rounds; a probe's QP lives for the probe only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from nodeagent.config import Config, Peers
+from nodeagent.io.periodic import Periodic
+from nodeagent.model import PeerOutcome, PeerProbe
+from nodeagent.probes.peer import RailEnd, probe_peer
+from nodeagent.probes.transport import ProbeFailed
+from nodeagent.run.responder import Responder, Served
+from nodeagent.run.transport import Target, Targets
+from nodeagent.run.work import Deliver, PeersSeen
+
+MAX_RATE = 10.0  # probes a second per rail (R-Pingmesh's budget per RNIC)
+
+
+def round_period(peers: Peers) -> float:
+    """Seconds between a rail's rounds: `interval`, or longer when its peers are many."""
+    most = max((len(p) for p in peers.static.values()), default=0)
+    return max(peers.interval, most / MAX_RATE)
+
+
+def served_rails(peers: Peers, targets: Targets) -> dict[str, Served]:
+    """What the responder answers on: each ready rail that has peers, for those peers."""
+    return {rail: Served(target, frozenset(p.address for p in peers.static[rail]))
+            for rail, target in targets.ready.items() if peers.static.get(rail)}
+
+
+class PeerProber(Periodic):
+    """One round: every ready rail's peers probed in turn, delivered together."""
+
+    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+        super().__init__("peer-probe")
+        self.cfg = cfg
+        self.deliver = deliver
+        self.targets: Targets | None = None
+        self._ends: dict[str, RailEnd] = {}
+
+    def turn(self) -> float:
+        peers, targets = self.cfg.peers, self.targets
+        if peers is None or targets is None:
+            return 0.5
+        self._close_ends(keep={r: t for r, t in targets.ready.items() if peers.static.get(r)})
+        probes: dict[str, tuple[PeerProbe, ...]] = {}
+        for rail, target in targets.ready.items():
+            if self.halted or not peers.static.get(rail):
+                continue
+            probes[rail] = tuple(self._probe_rail(rail, target, peers, lambda: self.halted))
+        if not self.halted:
+            skipped = {r: why for r, why in targets.skipped.items() if peers.static.get(r)}
+            self.deliver(PeersSeen(probes, skipped, peers.window))
+        return round_period(peers)
+
+    def _probe_rail(self, rail: str, target: Target, peers: Peers,
+                    halted: Callable[[], bool]) -> list[PeerProbe]:
+        end = self._ends.get(rail)
+        if end is None:
+            end = RailEnd(target.device, target.port, target.gid_index, target.address)
+            try:
+                end.open(remote_read=False)
+            except ProbeFailed as failed:
+                now = time.monotonic()
+                return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL,
+                                  f"this node's {failed}", at=now) for p in peers.static[rail]]
+            except Exception as exc:  # pyverbs missing or failing outside the steps
+                now = time.monotonic()
+                return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL,
+                                  f"this node's RDMA device: {exc}", at=now)
+                        for p in peers.static[rail]]
+            self._ends[rail] = end
+        out = []
+        for p in peers.static[rail]:
+            if halted():
+                break
+            out.append(probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
+                                  peers.timeout))
+        return out
+
+    def _close_ends(self, keep: dict[str, Target]) -> None:
+        for rail in list(self._ends):
+            end = self._ends[rail]
+            t = keep.get(rail)
+            if t is None or (t.device, t.port, t.gid_index, t.address) != (
+                    end.device, end.port, end.gid_index, end.address):
+                end.close()
+                del self._ends[rail]
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self._close_ends(keep={})
+
+
+class PeerService:
+    """The source: a responder and a prober, started and stopped together."""
+
+    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+        peers = cfg.peers
+        assert peers is not None
+        self.cfg = cfg
+        self.responder = Responder(peers.port, hold=2 * peers.timeout + 1.0)
+        self.prober = PeerProber(cfg, deliver)
+
+    @property
+    def targets(self) -> Targets | None:
+        return self.prober.targets
+
+    @targets.setter
+    def targets(self, targets: Targets) -> None:
+        peers = self.cfg.peers
+        self.responder.serve(served_rails(peers, targets) if peers is not None else {})
+        first = self.prober.targets is None
+        self.prober.targets = targets
+        if first:
+            self.prober.wake()
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.prober.cfg = cfg
+
+    def start(self) -> None:
+        self.responder.start()
+        self.prober.start()
+
+    def stop(self) -> None:
+        self.prober.stop()
+        self.responder.stop()

@@ -1,0 +1,242 @@
+"""The peer responder is a network-facing service on every GPU node: here it runs for real
+in a namespace of its own (rail r0, 10.10.0.5/24), and the peers are sockets in a second
+namespace across a veth pair. What it must refuse, and what a hostile peer may cost it:
+strangers get a refusal and no QP, garbage and oversized handshakes are closed, a trickle
+is cut at the handshake deadline, a connect flood is bounded per peer while another peer
+is still answered, and taking a rail away (or stopping) closes every socket.
+
+No RDMA device exists in these namespaces, so a valid Hello gets the refusal "its RDMA
+device failed": the fault path of a responder whose device is gone. The QP set-up itself
+is proven between two guests on soft-RoCE (tests/lab/test_peers.py)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from nodeagent.probes.peerwire import (
+    HELLO_SIZE,
+    Hello,
+    Refusal,
+    Refuse,
+    ipv4_gid,
+    pack_hello,
+    pack_reply,
+    parse_reply,
+)
+from nodeagent.run.responder import HANDSHAKE, MAX_PER_PEER, Responder, Served
+from nodeagent.run.transport import Target
+from tests.kit.helpers import Netns, entered, new_netns
+
+PORT = 18600
+RAIL = "10.10.0.5"
+KNOWN, OTHER, STRANGER = "10.10.0.6", "10.10.0.7", "10.10.0.8"
+SERVED = {"rail0": Served(Target("rxe-none", 1, 1, RAIL), frozenset({KNOWN, OTHER}))}
+
+
+@pytest.fixture
+def wire() -> Iterator[tuple[Netns, Netns]]:
+    """(the node's namespace, the peers' namespace), one veth between them."""
+    node, peers = new_netns(), new_netns()
+    try:
+        node.veth("r0", "p0", up_peer=False)
+        node.ip("link", "set", "p0", "netns", peers.name)
+        node.ip("addr", "add", f"{RAIL}/24", "dev", "r0")
+        node.ip("link", "set", "r0", "up")
+        for a in (KNOWN, OTHER, STRANGER):
+            peers.ip("addr", "add", f"{a}/24", "dev", "p0")
+        peers.ip("link", "set", "p0", "up")
+        yield node, peers
+    finally:
+        peers.delete()
+        node.delete()
+
+
+@pytest.fixture
+def responder(wire: tuple[Netns, Netns]) -> Iterator[Responder]:
+    node, _ = wire
+    with entered(node):  # its thread is born in the node's namespace
+        r = Responder(PORT, hold=3.0)
+        r.start()
+    r.serve(SERVED)
+    _until(lambda: "rail0" in r.listening, "the responder listens")
+    try:
+        yield r
+    finally:
+        r.stop()
+        r.join(timeout=5)
+
+
+def _until(ok, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.02)
+
+
+def connect(peers: Netns, source: str, timeout: float = 5.0) -> socket.socket:
+    with entered(peers):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind((source, 0))
+    s.settimeout(timeout)
+    s.connect((RAIL, PORT))
+    return s
+
+
+def read_all(s: socket.socket) -> bytes:
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(4096)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def hello_from(address: str) -> bytes:
+    return pack_hello(Hello(0x1234, 0x42, ipv4_gid(address), 4096))
+
+
+def test_it_listens_on_the_rail_address_only(wire: tuple[Netns, Netns],
+                                             responder: Responder) -> None:
+    node, _ = wire
+    listening = node.exec("ss", "-Hltn").stdout
+    assert f"{RAIL}:{PORT}" in listening
+    assert f"0.0.0.0:{PORT}" not in listening and f"*:{PORT}" not in listening
+
+
+def test_a_stranger_is_refused_at_once_and_gets_no_qp(wire: tuple[Netns, Netns],
+                                                       responder: Responder) -> None:
+    s = connect(wire[1], STRANGER)
+    s.sendall(hello_from(STRANGER))
+    got = read_all(s)
+    s.close()
+    assert parse_reply(got) == Refuse(Refusal.UNKNOWN_PEER)
+    assert responder.counts.refused["UNKNOWN_PEER"] == 1 and responder.counts.accepted == 0
+
+
+def test_a_hello_for_another_address_is_refused(wire: tuple[Netns, Netns],
+                                                responder: Responder) -> None:
+    s = connect(wire[1], KNOWN)
+    s.sendall(hello_from(OTHER))  # a GID that is not the connection's source
+    assert parse_reply(read_all(s)) == Refuse(Refusal.BAD_HELLO)
+    s.close()
+
+
+def test_a_valid_hello_without_a_device_is_told_so(wire: tuple[Netns, Netns],
+                                                   responder: Responder) -> None:
+    s = connect(wire[1], KNOWN)
+    s.sendall(hello_from(KNOWN))
+    reply = parse_reply(read_all(s))
+    s.close()
+    assert reply == Refuse(Refusal.DEVICE)
+    assert reply.code.words == "its RDMA device failed"
+
+
+@pytest.mark.parametrize("payload,kind", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".ljust(HELLO_SIZE, b"\0"), "garbage"),
+    (b"\0" * (HELLO_SIZE + 8), "oversized"),
+])
+def test_garbage_or_oversized_handshakes_are_closed_without_a_reply(
+        wire: tuple[Netns, Netns], responder: Responder, payload: bytes, kind: str) -> None:
+    s = connect(wire[1], KNOWN)
+    s.sendall(payload)
+    assert read_all(s) == b""
+    s.close()
+    _until(lambda: responder.counts.dropped[kind] == 1, f"counted as {kind}")
+    assert responder.open_connections == 0
+
+
+def test_a_trickle_is_cut_at_the_handshake_deadline(wire: tuple[Netns, Netns],
+                                                    responder: Responder) -> None:
+    s = connect(wire[1], KNOWN)
+    hello = hello_from(KNOWN)
+    started = time.monotonic()
+    sent = 0
+    try:
+        for byte in hello[:-1]:  # one byte every 0.1 s: 3.1 s for a whole Hello
+            s.send(bytes([byte]))
+            sent += 1
+            time.sleep(0.1)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    closed_after = time.monotonic() - started
+    s.settimeout(5)
+    assert read_all(s) == b""
+    s.close()
+    assert responder.counts.dropped["handshake-timeout"] == 1
+    assert sent < HELLO_SIZE - 1 or closed_after < 3 * HANDSHAKE, \
+        "the connection outlived its handshake deadline"
+    assert responder.open_connections == 0
+
+
+def test_a_connect_flood_costs_its_own_connections_only(wire: tuple[Netns, Netns],
+                                                        responder: Responder) -> None:
+    _, peers = wire
+    before = fds()
+    flood, most = [], 0
+    for _ in range(200):
+        flood.append(connect(peers, KNOWN))
+        most = max(most, responder.open_connections)
+    # Another peer in the middle of the flood is still answered.
+    other = connect(peers, OTHER)
+    other.sendall(hello_from(OTHER))
+    assert parse_reply(read_all(other)) == Refuse(Refusal.DEVICE)
+    other.close()
+    busy = 0
+    for s in flood:
+        s.settimeout(HANDSHAKE + 2)
+        busy += read_all(s) == pack_reply(Refuse(Refusal.BUSY))
+        s.close()
+    assert most <= MAX_PER_PEER
+    counts = responder.counts
+    _until(lambda: counts.refused["BUSY"] + counts.dropped["handshake-timeout"] == 200,
+           "every flood connection refused as busy or cut at its handshake deadline")
+    assert busy == counts.refused["BUSY"] >= 100
+    _until(lambda: responder.open_connections == 0, "the held ones expired")
+    _until(lambda: fds() <= before, "every descriptor of the flood closed")
+
+
+def test_a_rail_taken_away_closes_its_listener_and_connections(
+        wire: tuple[Netns, Netns], responder: Responder) -> None:
+    before = fds()
+    held = connect(wire[1], KNOWN)
+    _until(lambda: responder.open_connections == 1, "the connection held")
+    responder.serve({})
+    _until(lambda: not responder.listening, "the listener closed")
+    held.settimeout(5)
+    assert read_all(held) == b""
+    held.close()
+    assert responder.open_connections == 0
+    with pytest.raises(ConnectionRefusedError):
+        connect(wire[1], KNOWN)
+    _until(lambda: fds() <= before - 1, "the listener's descriptor closed")
+
+
+def test_stopping_closes_every_socket(wire: tuple[Netns, Netns]) -> None:
+    node, peers = wire
+    before = fds()
+    with entered(node):
+        r = Responder(PORT, hold=3.0)
+        r.start()
+    r.serve(SERVED)
+    _until(lambda: "rail0" in r.listening, "the responder listens")
+    held = connect(peers, KNOWN)
+    r.stop()
+    r.join(timeout=5)
+    assert not r.is_alive()
+    held.settimeout(5)
+    assert read_all(held) == b""
+    held.close()
+    assert fds() <= before

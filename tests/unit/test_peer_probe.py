@@ -1,0 +1,288 @@
+"""The peer probe's pure parts: the handshake's wire format (and what garbage does to it),
+the GID text pyverbs takes, the config section, each peer's history, and every reason of
+RDMAPeersReachable. The probe itself, over soft-RoCE between two guests, is in the lab
+(tests/lab/test_peers.py); the responder's defences are in tests/netns/test_responder.py."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pyverbs.addr import GID
+
+from nodeagent.checks.conditions import judge_all
+from nodeagent.checks.facts import Facts
+from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.peers import PeerHistory, peer_stats, peers_finding, rail_peer_stats
+from nodeagent.config import ConfigError, parse_config
+from nodeagent.model import (
+    FABRIC_READY,
+    RDMA_PEERS_REACHABLE,
+    GidTable,
+    PeerOutcome,
+    PeerProbe,
+)
+from nodeagent.probes.peer import gid_raw, gid_text, ibv_mtu, mtu_bytes
+from nodeagent.probes.peerwire import (
+    HELLO_SIZE,
+    REPLY_SIZE,
+    Accept,
+    Hello,
+    Refusal,
+    Refuse,
+    WireError,
+    ipv4_gid,
+    pack_hello,
+    pack_reply,
+    parse_hello,
+    parse_reply,
+)
+from nodeagent.run.peers import round_period, served_rails
+from nodeagent.run.transport import Target, Targets
+
+RAILS = [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
+         {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]
+PEERS = {"rail0": [{"address": "10.10.0.6", "node": "gpu-06"},
+                   {"address": "10.10.0.7", "node": "gpu-07"}],
+         "rail1": [{"address": "10.11.0.6", "node": "gpu-06"}]}
+CFG = parse_config({"rails": RAILS, "peers": {"static": PEERS, "max_rtt": "2ms"}})
+GATED = parse_config({"rails": RAILS, "peers": {"static": PEERS, "gate": True}})
+
+qpn = st.integers(0, 0xFFFFFF)
+gid = st.binary(min_size=16, max_size=16)
+mtu = st.sampled_from([256, 512, 1024, 2048, 4096])
+
+
+@given(qpn, qpn, gid, mtu)
+def test_a_hello_survives_the_wire(q: int, psn: int, g: bytes, m: int) -> None:
+    data = pack_hello(Hello(q, psn, g, m))
+    assert len(data) == HELLO_SIZE
+    assert parse_hello(data) == Hello(q, psn, g, m)
+
+
+@given(qpn, qpn, gid, mtu, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1),
+       st.integers(0, 2**32 - 1))
+def test_an_accept_survives_the_wire(q: int, psn: int, g: bytes, m: int, addr: int, rkey: int,
+                                     length: int) -> None:
+    reply = Accept(q, psn, g, m, addr, rkey, length)
+    data = pack_reply(reply)
+    assert len(data) == REPLY_SIZE
+    assert parse_reply(data) == reply
+
+
+@pytest.mark.parametrize("code", list(Refusal))
+def test_every_refusal_survives_the_wire_with_its_words(code: Refusal) -> None:
+    assert parse_reply(pack_reply(Refuse(code))) == Refuse(code)
+    assert code.words
+
+
+@given(st.binary(max_size=64))
+def test_garbage_is_a_wire_error_never_anything_else(data: bytes) -> None:
+    for parse in (parse_hello, parse_reply):
+        with contextlib.suppress(WireError):
+            parse(data)
+
+
+def test_what_is_wrong_with_a_message_is_named() -> None:
+    good = bytearray(pack_hello(Hello(1, 2, bytes(16), 1024)))
+    cases = {
+        b"x" * 31: "31 bytes, not 32",
+        b"HTTP" + bytes(good[4:]): "bad magic",
+        bytes(good[:4]) + b"\x09" + bytes(good[5:]): "version 9",
+        bytes(good[:6]) + (1500).to_bytes(2, "big") + bytes(good[8:]): "1500 is not an IB MTU",
+        bytes(good[:8]) + (1 << 24).to_bytes(4, "big") + bytes(good[12:]): "over 24 bits",
+        pack_reply(Refuse(Refusal.BUSY))[:HELLO_SIZE]: "not a Hello",
+    }
+    for data, words in cases.items():
+        with pytest.raises(WireError, match=words):
+            parse_hello(bytes(data))
+    with pytest.raises(WireError, match="not a reply"):
+        parse_reply(pack_hello(Hello(1, 2, bytes(16), 1024)) + bytes(16))
+    unknown = bytearray(pack_reply(Refuse(Refusal.BUSY)))
+    unknown[6:8] = (99).to_bytes(2, "big")
+    with pytest.raises(WireError, match="refusal code 99"):
+        parse_reply(bytes(unknown))
+
+
+def test_gids_go_to_and_from_the_text_pyverbs_takes() -> None:
+    raw = ipv4_gid("10.10.0.5")
+    assert gid_text(raw) == "0000:0000:0000:0000:0000:ffff:0a0a:0005"
+    assert gid_raw(GID(gid_text(raw))) == raw  # a real pyverbs GID, parsed and printed
+    assert [mtu_bytes(n) for n in range(1, 6)] == [256, 512, 1024, 2048, 4096]
+    assert [ibv_mtu(mtu_bytes(n)) for n in range(1, 6)] == [1, 2, 3, 4, 5]
+
+
+# ------------------------------------------------------------------ config
+
+
+def test_the_peers_section_is_checked_against_the_rails() -> None:
+    with pytest.raises(ConfigError) as got:
+        parse_config({"rails": RAILS, "peers": {"static": {
+            "rail9": [{"address": "10.10.0.6"}],
+            "rail0": [{"address": "10.10.0.5"}]}}})
+    assert got.value.problems == [
+        "peers.static.rail9: no rail of that name (rails: rail0, rail1)",
+        "peers.static.rail0[0].address: 10.10.0.5 is this node's own rail address"]
+
+
+@pytest.mark.parametrize("peer,words", [
+    ({"address": "10.10.0.300"}, "is not an IPv4 address"),
+    ({"address": "127.0.0.1"}, "is not a host's address"),
+    ({"address": "224.0.0.1"}, "is not a host's address"),
+    ({"address": "10.10.0.6", "node": "GPU_06"}, "is not a Node name"),
+    ({"address": "10.10.0.6", "extra": 1}, "unknown key"),
+])
+def test_a_bad_peer_is_one_line_naming_it(peer: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError) as got:
+        parse_config({"rails": RAILS, "peers": {"static": {"rail0": [peer]}}})
+    assert len(got.value.problems) == 1
+    assert got.value.problems[0].startswith("peers.static.rail0.0.") or \
+        got.value.problems[0].startswith("peers.static.rail0[0]")
+    assert words in got.value.problems[0]
+
+
+def test_a_peer_twice_or_too_many_peers_are_refused() -> None:
+    for peers, words in (([{"address": "10.10.0.6"}] * 2, "10.10.0.6 listed twice"),
+                         ([{"address": f"10.10.1.{i}"} for i in range(65)],
+                          "65 peers, at most 64")):
+        with pytest.raises(ConfigError) as got:
+            parse_config({"rails": RAILS, "peers": {"static": {"rail0": peers}}})
+        assert words in got.value.problems[0]
+
+
+def test_a_rail_with_many_peers_stretches_its_round_to_ten_probes_a_second() -> None:
+    assert round_period(CFG.peers) == 1.0  # type: ignore[arg-type]
+    many = parse_config({"rails": RAILS, "peers": {"static": {
+        "rail0": [{"address": f"10.10.1.{i}"} for i in range(1, 41)]}}})
+    assert round_period(many.peers) == 4.0  # type: ignore[arg-type]
+
+
+def test_the_responder_serves_ready_rails_with_peers_for_those_peers_only() -> None:
+    t = Target("rxe0", 1, 1, "10.10.0.5")
+    got = served_rails(CFG.peers, Targets({"rail0": t},  # type: ignore[arg-type]
+                                          {"rail1": "its GID is off its pinned index"}))
+    assert got.keys() == {"rail0"}
+    assert got["rail0"].peers == {"10.10.0.6", "10.10.0.7"}
+
+
+# ------------------------------------------------------------------ history and verdicts
+
+
+def probe(address: str, outcome: PeerOutcome, at: float = 100.0, rail: str = "rail0",
+          error: str = "", rtt: tuple[float, ...] = (20.0, 22.0)) -> PeerProbe:
+    node = {"10.10.0.6": "gpu-06", "10.10.0.7": "gpu-07", "10.11.0.6": "gpu-06"}.get(address)
+    return PeerProbe(rail, address, node, outcome, error,
+                     rtt if outcome == PeerOutcome.OK else (), 4096, at)
+
+
+def history(*rounds: dict[str, PeerOutcome], errors: dict[str, str] | None = None,
+            rtt: tuple[float, ...] = (20.0, 22.0)) -> PeerHistory:
+    h = PeerHistory()
+    for n, outcomes in enumerate(rounds):
+        by_rail: dict[str, list[PeerProbe]] = {}
+        for address, outcome in outcomes.items():
+            rail = "rail1" if address.startswith("10.11.") else "rail0"
+            by_rail.setdefault(rail, []).append(
+                probe(address, outcome, at=100.0 + n, rail=rail,
+                      error=(errors or {}).get(address, ""), rtt=rtt))
+        h.observe_round(by_rail, (), window=60)
+    return h
+
+
+OK, ROCE, MTU, GONE = (PeerOutcome.OK, PeerOutcome.ROCE_FAILED, PeerOutcome.MTU_FAILED,
+                       PeerOutcome.NO_RESPONDER)
+HEALTHY = {"10.10.0.6": OK, "10.10.0.7": OK, "10.11.0.6": OK}
+
+
+def judged(h: PeerHistory, now: float = 103.0, skipped: dict[str, str] | None = None,
+           cfg=CFG):  # type: ignore[no-untyped-def]
+    return peers_finding(cfg, rail_peer_stats(cfg.peers, h), skipped or {}, now)
+
+
+def test_every_peer_reached_is_true_with_the_rtt() -> None:
+    f = judged(history(HEALTHY, HEALTHY))
+    assert (f.status, f.reason) == ("True", "PeersReachable")
+    assert "rail0: 2 of 2 peers reached over RoCE (RTT p99 up to 22 us)" in f.message
+
+
+def test_one_lost_probe_is_not_a_verdict_two_in_a_row_are() -> None:
+    one = judged(history(HEALTHY, {**HEALTHY, "10.10.0.7": ROCE}))
+    assert one.status == "True"
+    two = judged(history(HEALTHY, {**HEALTHY, "10.10.0.7": ROCE}, {**HEALTHY, "10.10.0.7": ROCE},
+                         errors={"10.10.0.7": "retry exceeded error"}))
+    assert (two.status, two.reason) == ("False", "PeerUnreachable")
+    assert two.message == ("rail0: 1 of 2 peers fail over RoCE (gpu-07 10.10.0.7: retry "
+                           "exceeded error); TCP reaches them")
+
+
+def test_every_peer_failing_over_roce_points_at_this_node() -> None:
+    bad = {"10.10.0.6": ROCE, "10.10.0.7": ROCE, "10.11.0.6": OK}
+    f = judged(history(bad, bad))
+    assert (f.status, f.reason) == ("False", "AllPeersUnreachable")
+    assert "rail0: all 2 peers fail over RoCE" in f.message
+    assert "TCP reaches them: this node's link, switch port or VLAN" in f.message
+
+
+def test_small_reads_passing_and_mtu_reads_failing_is_the_path_mtu() -> None:
+    bad = {**HEALTHY, "10.10.0.6": MTU}
+    f = judged(history(bad, bad, errors={"10.10.0.6": "reads of 64 bytes pass, a read of 4096 "
+                                         "bytes (the path MTU) fails: retry exceeded error"}))
+    assert (f.status, f.reason) == ("False", "PathMTUTooSmall")
+    assert "fail at the path MTU over RoCE" in f.message and "TCP reaches them" in f.message
+
+
+def test_a_peer_that_tcp_does_not_reach_is_unknown_and_never_taints() -> None:
+    bad = {**HEALTHY, "10.10.0.7": GONE}
+    h = history(bad, bad, errors={"10.10.0.7": "TCP to 10.10.0.7:18600: connection refused"})
+    f = judged(h)
+    assert (f.status, f.reason) == ("Unknown", "PeerNotResponding")
+    assert "do not answer on TCP either" in f.message
+    facts = Facts(now=103.0, gid=gid_finding(GATED, GidTable(source="sysfs"), {}),
+                  peer_stats=rail_peer_stats(GATED.peers, h))  # type: ignore[arg-type]
+    out = {x.type: x for x in judge_all(GATED, facts)}
+    assert out[RDMA_PEERS_REACHABLE].reason == "PeerNotResponding"
+    assert "RDMAPeersReachable" not in out[FABRIC_READY].message  # gated, yet no taint
+
+
+def test_a_roce_failure_gated_holds_fabric_ready() -> None:
+    bad = {**HEALTHY, "10.10.0.7": ROCE}
+    h = history(bad, bad)
+    facts = Facts(now=103.0, gid=gid_finding(GATED, GidTable(source="sysfs"), {}),
+                  peer_stats=rail_peer_stats(GATED.peers, h))  # type: ignore[arg-type]
+    out = {x.type: x for x in judge_all(GATED, facts)}
+    assert "RDMAPeersReachable=False (PeerUnreachable)" in out[FABRIC_READY].message
+
+
+def test_high_rtt_is_peer_latency_high() -> None:
+    f = judged(history(HEALTHY, HEALTHY, rtt=(2500.0, 3000.0)))
+    assert (f.status, f.reason) == ("False", "PeerLatencyHigh")
+    assert "RTT p99 over 2 ms to gpu-06 10.10.0.6 (3000 us)" in f.message
+
+
+def test_not_probed_skipped_or_stale_rails_are_unknown() -> None:
+    assert judged(PeerHistory()).reason == "PeersNotProbed"
+    skipped = judged(history(HEALTHY), skipped={"rail1": "its GID is off its pinned index"})
+    assert (skipped.status, skipped.reason) == ("Unknown", "PeersNotProbed")
+    assert "rail1: not probed: its GID is off its pinned index" in skipped.message
+    stale = judged(history(HEALTHY), now=1000.0)
+    assert "last probe" in stale.message and "stuck?" in stale.message
+
+
+def test_a_round_forgets_peers_no_longer_probed_and_skipped_rails() -> None:
+    h = history(HEALTHY)
+    h.observe_round({"rail0": [probe("10.10.0.6", OK)]}, ["rail1"], window=60)
+    assert set(h.probes) == {("rail0", "10.10.0.6")}
+
+
+def test_the_window_keeps_the_latest_probes_and_counts_loss() -> None:
+    h = PeerHistory()
+    for n in range(10):
+        h.observe_round({"rail0": [probe("10.10.0.6", ROCE if n % 2 else OK, at=n)]}, (),
+                        window=4)
+    s = h.stats("rail0", "10.10.0.6")
+    assert s is not None and (s.probes, s.failed, s.failing_for) == (4, 2, 1)
+    assert s.loss == 0.5
+    assert peer_stats([probe("10.10.0.6", OK, rtt=tuple(float(i) for i in range(100)))]) \
+        .rtt_p99_us == 99.0
