@@ -456,6 +456,8 @@ class PeerStats:
     failed: int  # in the window
     rtt_p50_us: float | None = None  # over the OK probes' reads in the window
     rtt_p99_us: float | None = None
+    totals: Mapping[str, int] = field(default_factory=dict)  # by outcome, since the start
+    failing: bool = False  # failing_for reached peers.failures
 
     @property
     def loss(self) -> float:
@@ -464,7 +466,8 @@ class PeerStats:
     def as_dict(self) -> dict[str, Any]:
         return {"address": self.address, "node": self.node, "outcome": str(self.last.outcome),
                 "error": self.last.error, "failing_for": self.failing_for,
-                "probes": self.probes, "loss": round(self.loss, 4), "mtu": self.last.mtu,
+                "failing": self.failing, "probes": self.probes, "loss": round(self.loss, 4),
+                "mtu": self.last.mtu,
                 "rtt_p50_us": self.rtt_p50_us, "rtt_p99_us": self.rtt_p99_us}
 
 

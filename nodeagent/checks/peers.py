@@ -4,7 +4,8 @@ A peer is failing once its latest `peers.failures` probes in a row did not end O
 lost probe is not a verdict). What failed says where the fault is:
 - RoCE failed while TCP reached the same responder: the fabric drops what jobs use while
   their TCP bootstrap still works, the silent fallback, and the message always says so;
-  all of a rail's peers failing (while they answer on TCP) points at this node's side;
+  all of a rail's peers failing (two or more, each answering on TCP) points at this
+  node's side;
 - small reads passed and a read at the path MTU failed: the path MTU is smaller than the
   hosts' (a switch port at 1500 behind hosts at 4200);
 - nothing answered on TCP either: the peer or its agent is down, which is not a fabric
@@ -14,7 +15,7 @@ lost probe is not a verdict). What failed says where the fault is:
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ class PeerHistory:
     """The latest probes of each (rail, peer address), as many as `peers.window`."""
 
     probes: dict[tuple[str, str], deque[PeerProbe]] = field(default_factory=dict)
+    totals: dict[tuple[str, str], Counter[str]] = field(default_factory=dict)  # by outcome
 
     def observe_round(self, probes: Mapping[str, Iterable[PeerProbe]], skipped: Iterable[str],
                       window: int) -> None:
@@ -52,19 +54,23 @@ class PeerHistory:
                 if have is None or have.maxlen != window:
                     have = self.probes[key] = deque(have or (), maxlen=window)
                 have.append(p)
+                self.totals.setdefault(key, Counter())[str(p.outcome)] += 1
         for key in [k for k in self.probes if k[0] in gone or (k[0] in probes
                                                                and k not in kept)]:
             del self.probes[key]
+            self.totals.pop(key, None)
 
-    def stats(self, rail: str, address: str) -> PeerStats | None:
+    def stats(self, rail: str, address: str, failures: int = 1) -> PeerStats | None:
         kept = self.probes.get((rail, address))
         if not kept:
             return None
-        return peer_stats(list(kept))
+        return peer_stats(list(kept), failures, dict(self.totals.get((rail, address), {})))
 
 
-def peer_stats(probes: list[PeerProbe]) -> PeerStats:
-    """The figures of one peer's probes, oldest first (there must be some)."""
+def peer_stats(probes: list[PeerProbe], failures: int = 1,
+               totals: Mapping[str, int] | None = None) -> PeerStats:
+    """The figures of one peer's probes, oldest first (there must be some); failing once
+    `failures` in a row did not end OK."""
     last = probes[-1]
     failing = 0
     for p in reversed(probes):
@@ -75,14 +81,15 @@ def peer_stats(probes: list[PeerProbe]) -> PeerStats:
     p50 = statistics.median(rtts) if rtts else None
     p99 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] if rtts else None
     return PeerStats(last.address, last.node, last, failing, len(probes),
-                     sum(1 for p in probes if p.outcome != PeerOutcome.OK), p50, p99)
+                     sum(1 for p in probes if p.outcome != PeerOutcome.OK), p50, p99,
+                     dict(totals or {}), failing >= failures)
 
 
 def rail_peer_stats(peers: Peers, history: PeerHistory) -> dict[str, tuple[PeerStats, ...]]:
     """Each configured rail's peers that have been probed, in config order."""
     out: dict[str, tuple[PeerStats, ...]] = {}
     for rail, listed in peers.static.items():
-        got = [history.stats(rail, p.address) for p in listed]
+        got = [history.stats(rail, p.address, peers.failures) for p in listed]
         out[rail] = tuple(s for s in got if s is not None)
     return out
 
@@ -132,7 +139,7 @@ def peers_finding(cfg: Config, stats: Mapping[str, tuple[PeerStats, ...]],
 
 def _judge_rail(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: Problems,
                 fine: list[str], transport_ok: bool | None) -> None:
-    failing = [s for s in got if s.failing_for >= peers.failures]
+    failing = [s for s in got if s.failing]
     roce = [s for s in failing if s.last.outcome in FABRIC_FAULTS]
     mtu = [s for s in roce if s.last.outcome == PeerOutcome.MTU_FAILED]
     silent = [s for s in failing if s.last.outcome in (PeerOutcome.NO_RESPONDER,
@@ -147,7 +154,9 @@ def _judge_rail(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: P
                       f"{rail}: {len(mtu)} of {len(got)} peers fail at the path MTU over "
                       f"RoCE ({_named(mtu)}); TCP reaches them")
     rest = [s for s in roce if s not in mtu]
-    if rest and len(roce) == answering:
+    # One peer cannot localise (Pingmesh: a fault either end fails the one pair); two or
+    # more all failing, while each answers on TCP, point at this node's side.
+    if rest and len(roce) == answering >= 2:
         where = (" while this node's own transport probe passes" if transport_ok else "")
         problems.fail("AllPeersUnreachable",
                       f"{rail}: all {len(roce)} peers fail over RoCE ({_named(rest)}); TCP "
@@ -160,7 +169,7 @@ def _judge_rail(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: P
         problems.unknown(NOT_RESPONDING,
                          f"{rail}: {len(silent)} of {len(got)} peers do not answer on TCP "
                          f"either, so their agent is down or the node gone ({_named(silent)})")
-    passing = [s for s in got if s.failing_for < peers.failures]
+    passing = [s for s in got if not s.failing]
     slow = [s for s in passing if s.rtt_p99_us is not None
             and s.rtt_p99_us > peers.max_rtt * 1e6]
     if slow:

@@ -204,6 +204,31 @@ def _transport(rails: Iterable[RailStatus]) -> Iterable[Metric]:
         if t.bandwidth_gbps is not None:
             bandwidth.add_metric([r.name], t.bandwidth_gbps * 1e9)
     yield from (ok, latency, bandwidth)
+    yield from _peers(rails)
+
+
+def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:
+    """Each rail's peers (with a peers section): cardinality bounded by the peer count."""
+    labels = ["rail", "peer", "node"]
+    rtt = GaugeMetricFamily("nodeagent_rdma_peer_rtt_seconds", "RDMA read round trip to the "
+                            "peer over the probe window.", labels=[*labels, "quantile"])
+    loss = GaugeMetricFamily("nodeagent_rdma_peer_loss_ratio", "Probes of the peer that did "
+                             "not end OK, over the probe window.", labels=labels)
+    up = GaugeMetricFamily("nodeagent_rdma_peer_reachable", "1 unless the peer's latest "
+                           "probes failed in a row (peers.failures).", labels=labels)
+    probes = CounterMetricFamily("nodeagent_rdma_peer_probes", "Probes of the peer since the "
+                                 "agent started, by result.", labels=[*labels, "result"])
+    for r in rails:
+        for p in r.peers or ():
+            who = [r.name, p.address, p.node or ""]
+            for q, value in (("0.5", p.rtt_p50_us), ("0.99", p.rtt_p99_us)):
+                if value is not None:
+                    rtt.add_metric([*who, q], value / 1e6)
+            loss.add_metric(who, p.loss)
+            up.add_metric(who, 0.0 if p.failing else 1.0)
+            for result, n in sorted(p.totals.items()):
+                probes.add_metric([*who, result], float(n))
+    yield from (rtt, loss, up, probes)
 
 
 def _kube(kube: Mapping[str, Any] | None) -> Iterable[Metric]:

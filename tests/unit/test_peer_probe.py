@@ -225,6 +225,13 @@ def test_every_peer_failing_over_roce_points_at_this_node() -> None:
     assert "TCP reaches them: this node's link, switch port or VLAN" in f.message
 
 
+def test_one_peer_failing_cannot_say_which_end_it_is() -> None:
+    bad = {"10.10.0.6": OK, "10.10.0.7": OK, "10.11.0.6": ROCE}
+    f = judged(history(bad, bad))
+    assert (f.status, f.reason) == ("False", "PeerUnreachable")
+    assert "rail1: 1 of 1 peers fail over RoCE" in f.message
+
+
 def test_small_reads_passing_and_mtu_reads_failing_is_the_path_mtu() -> None:
     bad = {**HEALTHY, "10.10.0.6": MTU}
     f = judged(history(bad, bad, errors={"10.10.0.6": "reads of 64 bytes pass, a read of 4096 "
@@ -286,3 +293,32 @@ def test_the_window_keeps_the_latest_probes_and_counts_loss() -> None:
     assert s.loss == 0.5
     assert peer_stats([probe("10.10.0.6", OK, rtt=tuple(float(i) for i in range(100)))]) \
         .rtt_p99_us == 99.0
+
+
+def test_each_peer_is_in_the_status_and_the_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from nodeagent.model import RailStatus, Report, Status
+    from nodeagent.publish.metrics import AgentMetrics
+
+    h = history(HEALTHY, {**HEALTHY, "10.10.0.7": ROCE}, {**HEALTHY, "10.10.0.7": ROCE},
+                errors={"10.10.0.7": "retry exceeded error"})
+    stats = rail_peer_stats(CFG.peers, h)  # type: ignore[arg-type]
+    report = Report(node="n", findings=[], rails=[
+        RailStatus("rail0", "r0", peers=stats["rail0"]),
+        RailStatus("rail1", "r1", peers=stats["rail1"])])
+    metrics = AgentMetrics()
+    metrics.update(Status(report=report))
+    text = generate_latest(metrics.registry).decode()
+    who = 'node="gpu-07",peer="10.10.0.7",rail="rail0"'
+    assert f"nodeagent_rdma_peer_reachable{{{who}}} 0.0" in text
+    assert f'nodeagent_rdma_peer_probes_total{{{who},result="RoCE failed"}} 2.0' in text
+    assert f'nodeagent_rdma_peer_probes_total{{{who},result="ok"}} 1.0' in text
+    assert f"nodeagent_rdma_peer_loss_ratio{{{who}}} 0.6666666666666666" in text
+    assert ('nodeagent_rdma_peer_rtt_seconds{node="gpu-06",peer="10.10.0.6",quantile="0.5",'
+            'rail="rail0"} 2.1e-05') in text
+    peers = report.as_dict()["rails"][0]["peers"]
+    assert peers[1] | {"loss": 0} == {
+        "address": "10.10.0.7", "node": "gpu-07", "outcome": "RoCE failed",
+        "error": "retry exceeded error", "failing_for": 2, "failing": True, "probes": 3,
+        "loss": 0, "mtu": 4096, "rtt_p50_us": 21.0, "rtt_p99_us": 22.0}
