@@ -144,3 +144,67 @@ def test_observed_rails_are_left_to_their_owner(tmp_path: Path) -> None:
     assert "eth8" not in files["sysctl-rails.conf.j2"] + files["nm-rails.conf.j2"]
     assert yaml.safe_load(files["config.yaml.j2"])["manage_rails"] is False
 
+
+
+def render_fleet(tmp_path: Path, hosts: dict[str, dict[str, Any]],
+                 common: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each host's rendered config, from one play over an inventory of local hosts."""
+    out = tmp_path / "out"
+    out.mkdir(parents=True)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "hosts": {h: {"ansible_connection": "local", **v} for h, v in hosts.items()},
+        "vars": {"ansible_python_interpreter": sys.executable}}}))
+    extra = tmp_path / "vars.json"  # as extra vars: above the role's defaults, as in a play
+    extra.write_text(json.dumps(common))
+    play = tmp_path / "render.yml"
+    play.write_text(yaml.safe_dump([{
+        "hosts": "all", "gather_facts": False,
+        "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+        "tasks": [{"ansible.builtin.template": {
+            "src": f"{ROLE}/templates/config.yaml.j2",
+            "dest": f"{out}/{{{{ inventory_hostname }}}}.yaml"}}],
+    }]))
+    res = subprocess.run([str(PLAYBOOK), "-i", str(inventory), "-e", f"@{extra}", str(play)],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "ANSIBLE_NOCOLOR": "1"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return {p.stem: yaml.safe_load(p.read_text()) for p in out.iterdir()}
+
+
+def fleet_host(n: int) -> dict[str, Any]:
+    return {"nodeagent_rails": [
+        {"name": "rail0", "interface": "ens1f0", "address": f"10.10.0.{n}/24"},
+        {"name": "rail1", "interface": "ens1f1", "address": f"10.11.0.{n}/24"}]}
+
+
+def test_peers_are_rendered_from_the_inventory_as_a_ring(tmp_path: Path) -> None:
+    hosts = {f"gpu-{n:03d}": fleet_host(n) for n in range(1, 7)}
+    configs = render_fleet(tmp_path, hosts, {"nodeagent_peers": {"gate": False},
+                                             "nodeagent_peer_count": 2})
+    assert configs["gpu-001"]["peers"] == {"gate": False, "static": {
+        "rail0": [{"address": "10.10.0.2", "node": "gpu-002"},
+                  {"address": "10.10.0.3", "node": "gpu-003"}],
+        "rail1": [{"address": "10.11.0.2", "node": "gpu-002"},
+                  {"address": "10.11.0.3", "node": "gpu-003"}]}}
+    # The ring wraps: the last hosts probe the first; every host is probed by two.
+    assert [p["node"] for p in configs["gpu-006"]["peers"]["static"]["rail0"]] == [
+        "gpu-001", "gpu-002"]
+    probed = [p["node"] for c in configs.values() for p in c["peers"]["static"]["rail0"]]
+    assert sorted(set(probed)) == sorted(hosts) and all(probed.count(h) == 2 for h in hosts)
+    for name, cfg in configs.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        res = subprocess.run([sys.executable, "-m", "nodeagent", "check", "--config-only",
+                              "--config", str(path)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+
+
+def test_no_peers_section_unless_asked_and_a_small_fleet_probes_everyone(
+        tmp_path: Path) -> None:
+    hosts = {f"gpu-{n:03d}": fleet_host(n) for n in range(1, 4)}
+    plain = render_fleet(tmp_path / "plain", hosts, {})
+    assert all("peers" not in c for c in plain.values())
+    small = render_fleet(tmp_path / "small", hosts, {"nodeagent_peers": {}})
+    assert [p["node"] for p in small["gpu-002"]["peers"]["static"]["rail1"]] == [
+        "gpu-003", "gpu-001"]
