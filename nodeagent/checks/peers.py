@@ -169,13 +169,18 @@ def _judge_rail(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: P
         problems.unknown(NOT_RESPONDING,
                          f"{rail}: {len(silent)} of {len(got)} peers do not answer on TCP "
                          f"either, so their agent is down or the node gone ({_named(silent)})")
-    passing = [s for s in got if not s.failing]
+    # Fewer failures than peers.failures is no verdict, but a peer never reached in the
+    # window is not reached either: not yet known.
+    unproven = [s for s in got if not s.failing and s.failing_for == s.probes]
+    if unproven:
+        problems.unknown("PeersNotProbed", f"{rail}: not reached yet ({_named(unproven)})")
+    passing = [s for s in got if not s.failing and s not in unproven]
     slow = [s for s in passing if s.rtt_p99_us is not None
             and s.rtt_p99_us > peers.max_rtt * 1e6]
     if slow:
         problems.fail("PeerLatencyHigh", f"{rail}: RTT p99 over {peers.max_rtt * 1e3:g} ms to "
                       + ", ".join(f"{_who(s)} ({s.rtt_p99_us or 0:.0f} us)" for s in slow))
-    if len(passing) == len(got) and not slow:
+    if passing and len(passing) == len(got) and not slow:
         worst = max((s.rtt_p99_us or 0.0) for s in got)
         fine.append(f"{rail}: {len(got)} of {len(got)} peers reached over RoCE "
                     f"(RTT p99 up to {worst:.0f} us)")

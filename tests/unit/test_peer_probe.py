@@ -207,6 +207,12 @@ def test_every_peer_reached_is_true_with_the_rtt() -> None:
     assert "rail0: 2 of 2 peers reached over RoCE (RTT p99 up to 22 us)" in f.message
 
 
+def test_a_peer_never_reached_yet_is_not_reached() -> None:
+    f = judged(history({**HEALTHY, "10.10.0.7": GONE}))  # one probe, below peers.failures
+    assert (f.status, f.reason) == ("Unknown", "PeersNotProbed")
+    assert "rail0: not reached yet (gpu-07 10.10.0.7: " in f.message
+
+
 def test_one_lost_probe_is_not_a_verdict_two_in_a_row_are() -> None:
     one = judged(history(HEALTHY, {**HEALTHY, "10.10.0.7": ROCE}))
     assert one.status == "True"
