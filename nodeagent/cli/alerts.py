@@ -30,6 +30,7 @@ class Windows:
     lease_stale_for: str = "2m"
     no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
     cannot_run_for: str = "5m"  # an agent says the plugin cannot run on its node
+    peer_suspect_for: str = "2m"  # most probers of a node fail while the rail is healthy
 
 
 def ksm_label(name: str) -> str:
@@ -116,6 +117,22 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
             "Fabric node {{ $labels.node }} advertises no " + dp.resource,
             "Zero or absent allocatable " + dp.resource + ": the device plugin is not "
             "registered there, and jobs on this node cannot request the fabric.",
+        ),
+        _alert(
+            "RDMAPeerSuspect",
+            # Pingmesh's localisation, from the agents' peer metrics: `node` is the probed
+            # node, `instance` the prober. More than half of a node's probers (two at least)
+            # fail to reach it over RoCE, while the rail as a whole mostly passes.
+            "(count by (rail, node) (nodeagent_rdma_peer_reachable == 0)\n"
+            "  / count by (rail, node) (nodeagent_rdma_peer_reachable)) > 0.5\n"
+            "and on (rail, node) count by (rail, node) (nodeagent_rdma_peer_reachable) >= 2\n"
+            "and on (rail) (sum by (rail) (nodeagent_rdma_peer_reachable)\n"
+            "  / count by (rail) (nodeagent_rdma_peer_reachable)) >= 0.5",
+            w.peer_suspect_for, "warning",
+            "Node {{ $labels.node }} is unreachable over RoCE on {{ $labels.rail }} from most "
+            "of its peers",
+            "{{ $value | humanizePercentage }} of the nodes that probe it fail over RoCE, "
+            "while the rail passes elsewhere: its link, switch port or VLAN is the suspect.",
         ),
     ]
     if kube.taint is None:  # conditions only: the taint belongs to a readiness rule
