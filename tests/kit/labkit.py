@@ -4,6 +4,7 @@ agent as its systemd service."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -18,6 +19,9 @@ RAILS = [
      "rule_priority": 1001, "rdma_device": "rxe1"},
 ]
 VENV = "/opt/nodeagent/venv/bin"
+ROOT = Path(__file__).resolve().parents[2]
+GUEST = ROOT / "tests" / "lab" / "guest"  # the helper scripts, copied to /root/guest
+UNIT = ROOT / "units" / "nodeagent.service"
 
 
 def sysfs_gids(vm: VM, device: str) -> dict[int, str]:
@@ -107,3 +111,16 @@ def condition(vm: VM, ctype: str) -> tuple[str, str]:
         if c["type"] == ctype:
             return c["status"], c["reason"]
     return "", ""
+
+
+def ensure_agent(vm: VM) -> None:
+    """The agent installed the way a host gets it: a wheel into /opt/nodeagent/venv
+    (--system-site-packages: the distro's pyverbs), the unit in /etc/systemd/system."""
+    if vm.ssh("test -x /opt/nodeagent/venv/bin/nodeagent && "
+              "test -e /etc/systemd/system/nodeagent.service", check=False).returncode == 0:
+        return
+    vm.put(UNIT, "/etc/systemd/system/nodeagent.service")
+    vm.ssh("python3 -m venv --system-site-packages --without-pip /opt/nodeagent/venv && "
+           "/opt/nodeagent/venv/bin/python -m pip install -q --no-compile --no-index "
+           "--find-links /root/wheels nodeagent", timeout=600)
+    vm.ssh("systemctl daemon-reload")

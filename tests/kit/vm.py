@@ -10,7 +10,8 @@ times out quickly and TCG takes over.
 
 NICs: ens3 is management (user-mode network, ssh forwarded to a loopback port); ens4 and
 ens5 are the rails, wired to each other with a qemu socket pair (`rail0`/`rail1` for
-set_link).
+set_link); ens6 (`fab0`) is a wire to a second guest, the peer node, whose only rail ens4
+(`fab0` there too) connects to it: two kernels, two soft-RoCE stacks, one wire between.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ PACKAGES = [
     "ibverbs-providers", "ibverbs-utils", "python3", "python3-venv", "python3-pyverbs",
     "python3-systemd", "python3-apt", "network-manager", "dbus", "libpam-systemd", "openssh-server",
     "python3-pip",  # what the role's first play installs (nodeagent_os_packages), baked in
+    "nftables",  # the peer scenarios drop RoCE (UDP 4791) while TCP passes
 ]
 MGMT_MAC = "52:54:00:00:00:01"
-RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02"}
+RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02",
+             "fab0": "52:54:00:00:01:03"}
+PEER_MAC = "52:54:00:00:02:01"  # the peer node's end of fab0
 # Run in the guest root at build time (chroot): the whole configuration of the image.
 CONFIGURE = f"""
 set -e
@@ -160,6 +164,10 @@ class VM:
     ssh_port: int = 0
     log: list[str] = field(default_factory=list)
     booted: bool = False
+    # The wire to the peer node: this guest listens on it (the lab guest), or with
+    # `peer_of` set, connects to it as the peer node's only rail.
+    fab_port: int = 0
+    peer_of: int = 0
 
     @property
     def monitor_path(self) -> Path:
@@ -173,6 +181,18 @@ class VM:
              "raw", str(overlay))
         self.ssh_port, wire = _free_port(), _free_port()
         accel = ["-accel", "kvm"] if self.accel == "kvm" else ["-accel", "tcg,tb-size=128"]
+        if self.peer_of:
+            rails = ["-netdev", f"socket,id=fab0,connect=127.0.0.1:{self.peer_of}",
+                     "-device", f"virtio-net-pci,netdev=fab0,mac={PEER_MAC}"]
+        else:
+            self.fab_port = self.fab_port or _free_port()
+            rails = [
+                "-netdev", f"socket,id=rail0,listen=127.0.0.1:{wire}",
+                "-device", f"virtio-net-pci,netdev=rail0,mac={RAIL_MACS['rail0']}",
+                "-netdev", f"socket,id=rail1,connect=127.0.0.1:{wire}",
+                "-device", f"virtio-net-pci,netdev=rail1,mac={RAIL_MACS['rail1']}",
+                "-netdev", f"socket,id=fab0,listen=127.0.0.1:{self.fab_port}",
+                "-device", f"virtio-net-pci,netdev=fab0,mac={RAIL_MACS['fab0']}"]
         args = [
             "qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-display", "none",
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
@@ -180,10 +200,7 @@ class VM:
             "-drive", f"file={overlay},if=virtio,format=qcow2",
             "-netdev", f"user,id=mgmt,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22",
             "-device", f"virtio-net-pci,netdev=mgmt,mac={MGMT_MAC}",
-            "-netdev", f"socket,id=rail0,listen=127.0.0.1:{wire}",
-            "-device", f"virtio-net-pci,netdev=rail0,mac={RAIL_MACS['rail0']}",
-            "-netdev", f"socket,id=rail1,connect=127.0.0.1:{wire}",
-            "-device", f"virtio-net-pci,netdev=rail1,mac={RAIL_MACS['rail1']}",
+            *rails,
             "-monitor", f"unix:{self.monitor_path},server,nowait",
             "-serial", f"file:{self.workdir / 'console.log'}",
         ]
@@ -360,9 +377,10 @@ def accelerator(image: Image, workdir: Path) -> str:
     return verdict
 
 
-def boot(image: Image, workdir: Path) -> VM:
-    """A running guest, with KVM when it works here, else TCG."""
-    vm = VM(image, workdir / "vm", accel=accelerator(image, workdir))
+def boot(image: Image, workdir: Path, peer_of: int = 0) -> VM:
+    """A running guest, with KVM when it works here, else TCG; with `peer_of`, the peer
+    node on the lab guest's fab0 wire (that guest's `fab_port`)."""
+    vm = VM(image, workdir / "vm", accel=accelerator(image, workdir), peer_of=peer_of)
     try:
         vm.start(timeout=300)
     except BaseException:

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.labkit import GUEST, ensure_agent
 from tests.kit.vm import VM, boot, build_image, wheelhouse
 
 HERE = Path(__file__).parent
-GUEST = HERE / "guest"
-UNIT = Path(__file__).resolve().parents[2] / "units" / "nodeagent.service"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -23,12 +22,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent's wheel and its dependencies', for pip --no-index in a guest."""
+    return wheelhouse(tmp_path_factory.mktemp("wheels"))
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[VM]:
     """One booted guest for the lab session: the agent's wheelhouse in /root/wheels, soft-RoCE
     devices rxe0 on ens4 and rxe1 on ens5. The agent itself is installed by the role's test
     (or by `guest` when that test did not run)."""
     image = build_image()
-    wheels = wheelhouse(tmp_path_factory.mktemp("wheels"))
     vm = boot(image, tmp_path_factory.mktemp("lab"))
     try:
         vm.put(wheels, "/root/wheels")
@@ -38,19 +42,6 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
         yield vm
     finally:
         vm.kill()
-
-
-def ensure_agent(vm: VM) -> None:
-    """The agent installed the way a host gets it: a wheel into /opt/nodeagent/venv
-    (--system-site-packages: the distro's pyverbs), the unit in /etc/systemd/system."""
-    if vm.ssh("test -x /opt/nodeagent/venv/bin/nodeagent && "
-              "test -e /etc/systemd/system/nodeagent.service", check=False).returncode == 0:
-        return
-    vm.put(UNIT, "/etc/systemd/system/nodeagent.service")
-    vm.ssh("python3 -m venv --system-site-packages --without-pip /opt/nodeagent/venv && "
-           "/opt/nodeagent/venv/bin/python -m pip install -q --no-compile --no-index "
-           "--find-links /root/wheels nodeagent", timeout=600)
-    vm.ssh("systemctl daemon-reload")
 
 
 @pytest.fixture

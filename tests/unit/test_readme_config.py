@@ -22,6 +22,7 @@ def test_the_readme_config_reference_parses_with_every_section() -> None:
     assert cfg.device_plugin is not None and cfg.device_plugin.runtime.enabled
     assert cfg.hardware is not None and cfg.hardware.error_limits["symbol_error"] == 10
     assert cfg.transport is not None and cfg.transport.probe_interval == 300
+    assert cfg.peers is not None and cfg.peers.static["rail0"][1].node == "gpu-07"
     assert cfg.custom_checks is not None and cfg.custom_checks.checks[0].name == "gpu-ecc"
     assert cfg.fabric_traffic is not None and cfg.lustre and cfg.kubernetes is not None
 

@@ -1,0 +1,209 @@
+"""The path between nodes: two guests (two kernels, two soft-RoCE stacks) on one qemu socket
+wire, each with its own agent as its systemd service, probing the other over RoCE.
+
+Why two guests and not two namespaces of one: on this guest's kernel (Debian bookworm,
+6.1) rdma_rxe opens its UDP 4791 socket in the initial namespace only, so a soft-RoCE
+device on a netdev moved into another namespace receives nothing (the spike is recorded
+in docs/testing.md). Two kernels are also what two nodes are.
+
+The lab guest's fab0 (ens6, rxe2, 10.20.0.1) is wired to the peer node's fab0 (ens4, rxe0,
+10.20.0.2). Each case breaks the path the way a fabric does and reads both status files:
+RoCE dropped by nftables while TCP passes (the silent fallback), the wire cut, a
+path that drops full-size RoCE frames, the peer's GID moved and re-pinned, its agent
+stopped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kit.helpers import wait_for
+from tests.kit.labkit import (
+    GUEST,
+    condition,
+    ensure_agent,
+    hold_qp,
+    ipv4_gid_index,
+    start_agent,
+    status,
+)
+from tests.kit.vm import VM, boot, build_image
+
+A_RAIL = {"name": "fab0", "interface": "ens6", "address": "10.20.0.1/24", "mtu": 4200,
+          "rdma_device": "rxe2"}
+B_RAIL = {"name": "fab0", "interface": "ens4", "address": "10.20.0.2/24", "mtu": 4200,
+          "rdma_device": "rxe0"}
+PEERS = "RDMAPeersReachable"
+# NoCarrier and repairs come from the rail; the peers section under test; the local
+# transport probe beside it, to show the gap this condition closes.
+# Gated, so that FabricReady shows which verdicts hold the node and which never do.
+PEER_TIMING = {"interval": "1s", "timeout": "1s", "failures": 2, "max_rtt": "1s",
+               "gate": True}
+
+
+def peers_of(address: str, node: str) -> dict[str, Any]:
+    return {"static": {"fab0": [{"address": address, "node": node}]}, **PEER_TIMING}
+
+
+@pytest.fixture(scope="module")
+def node_b(lab: VM, wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
+    """The peer node, booted on the lab guest's fab0 wire, its agent installed the way a
+    host gets it."""
+    vm = boot(build_image(), tmp_path_factory.mktemp("node-b"), peer_of=lab.fab_port)
+    try:
+        vm.ssh("hostnamectl set-hostname lab-b")
+        vm.put(wheels, "/root/wheels")
+        vm.put(GUEST, "/root/guest")
+        ensure_agent(vm)
+        vm.ssh("rdma link add rxe0 type rxe netdev ens4")
+        lab.ssh("rdma link show rxe2 >/dev/null 2>&1 || rdma link add rxe2 type rxe netdev ens6")
+        yield vm
+    finally:
+        vm.kill()
+        lab.ssh("rdma link delete rxe2", check=False)
+
+
+@pytest.fixture
+def pair(guest: VM, node_b: VM) -> Iterator[tuple[VM, VM]]:
+    """(the lab guest, the peer node), each with its agent on fab0 and the other as peer."""
+    for vm in (guest, node_b):
+        reset_fab(vm)
+    try:
+        start_agent(guest, rails=[A_RAIL], peers=peers_of("10.20.0.2", "lab-b"),
+                    transport={"probe_interval": "5s", "timeout": "5s"})
+        start_agent(node_b, node_name="lab-b", rails=[B_RAIL],
+                    peers=peers_of("10.20.0.1", "lab"),
+                    transport={"probe_interval": "5s", "timeout": "5s"})
+        yield guest, node_b
+    finally:
+        for vm in (guest, node_b):
+            reset_fab(vm)
+
+
+def reset_fab(vm: VM) -> None:
+    vm.set_link("fab0", True)
+    vm.ssh("systemctl stop nodeagent 2>/dev/null; systemctl reset-failed nodeagent "
+           "2>/dev/null; nft flush ruleset; pkill -f '/root/guest/[q]p_holder'; "
+           "for i in ens4 ens6; do ip link show $i >/dev/null 2>&1 && ip addr flush dev $i; "
+           "done; rm -rf /var/lib/nodeagent /run/nodeagent /etc/nodeagent; true")
+
+
+def peers_message(vm: VM) -> str:
+    return next((c["message"] for c in status(vm).get("conditions", [])
+                 if c["type"] == PEERS), "")
+
+
+def peer_figures(vm: VM) -> dict[str, Any]:
+    rail = next(r for r in status(vm)["rails"] if r["name"] == "fab0")
+    figures: dict[str, Any] = rail["peers"][0]
+    return figures
+
+
+def until_condition(vm: VM, want: tuple[str, str], within: float, what: str) -> float:
+    """Seconds until the status file shows `want` for RDMAPeersReachable (the status and
+    message last seen are in the failure)."""
+    started = time.monotonic()
+    while (seen := condition(vm, PEERS)) != want:
+        if time.monotonic() - started > within:
+            raise AssertionError(f"timed out after {within}s waiting for {what}: {seen} "
+                                 f"{peers_message(vm)}")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def fabric_message(vm: VM) -> str:
+    return next(c["message"] for c in status(vm)["conditions"] if c["type"] == "FabricReady")
+
+
+def both_reach_each_other(a: VM, b: VM) -> None:
+    for vm in (a, b):
+        until_condition(vm, ("True", "PeersReachable"), 60, "both ends reach the other")
+
+
+# ------------------------------------------------------------------ the cases
+
+
+def test_4a_healthy_both_ends_reach_the_other_with_rtt_figures(pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    for vm, peer in ((a, "10.20.0.2"), (b, "10.20.0.1")):
+        got = peer_figures(vm)
+        assert got["address"] == peer and got["outcome"] == "ok", got
+        assert got["rtt_p50_us"] > 0 and got["rtt_p99_us"] >= got["rtt_p50_us"], got
+        assert got["mtu"] == 4096, got  # the port's active MTU: the rail at 4200
+        assert "1 of 1 peers reached over RoCE" in peers_message(vm)
+
+
+def test_4b_roce_dropped_while_tcp_passes_is_named_on_both_ends(pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    b.ssh("nft add table inet lab && nft add chain inet lab in '{ type filter hook input "
+          "priority 0; }' && nft add rule inet lab in udp dport 4791 drop")
+    # The silent fallback's precondition: TCP still passes (to the peer's responder port).
+    a.ssh("timeout 5 bash -c 'exec 3<>/dev/tcp/10.20.0.2/18600'")
+    took = {name: until_condition(vm, ("False", "PeerUnreachable"), 30, "RoCE loss seen")
+            for name, vm in (("lab", a), ("lab-b", b))}
+    for vm in (a, b):
+        message = peers_message(vm)
+        assert "fail over RoCE" in message and "TCP reaches them" in message, message
+        # The local probe never leaves the adapter: it stays True, the gap side by side.
+        assert condition(vm, "RDMATransportVerified") == ("True", "TransportVerified")
+        assert "RDMAPeersReachable=False (PeerUnreachable)" in fabric_message(vm)
+    print(f"RoCE dropped -> RDMAPeersReachable False: {took}")
+    b.ssh("nft flush ruleset")
+    both_reach_each_other(a, b)
+
+
+def test_4c_the_wire_cut_no_carrier_here_not_responding_there(pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    a.set_link("fab0", False)
+    wait_for(lambda: condition(a, "RoCENetworkReady") == ("False", "NoCarrier"), 30,
+             "NoCarrier on the cut node")
+    until_condition(b, ("Unknown", "PeerNotResponding"), 30, "the other end's verdict")
+    assert "do not answer on TCP either" in peers_message(b)
+    a.set_link("fab0", True)
+    both_reach_each_other(a, b)
+
+
+def test_4d_a_path_that_drops_full_size_roce_frames_is_path_mtu(pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    # A switch port at 1500 behind hosts at 4200: RoCE frames over 1500 bytes go nowhere,
+    # either way (a guest NIC accepts oversized frames, so the drop is modelled on B).
+    b.ssh("nft add table inet lab && "
+          "nft add chain inet lab in '{ type filter hook input priority 0; }' && "
+          "nft add chain inet lab out '{ type filter hook output priority 0; }' && "
+          "nft add rule inet lab in udp dport 4791 meta length gt 1500 drop && "
+          "nft add rule inet lab out udp dport 4791 meta length gt 1500 drop")
+    for vm in (a, b):
+        until_condition(vm, ("False", "PathMTUTooSmall"), 30, "the path MTU named")
+        assert "a read of 4096 bytes (the path MTU) fails" in peers_message(vm)
+    b.ssh("nft flush ruleset")
+    both_reach_each_other(a, b)
+
+
+def test_4e_the_peer_gid_moved_and_repinned_probes_recover(pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    index = wait_for(lambda: ipv4_gid_index(b, "rxe0", "10.20.0.2"), 10, "B's GID")
+    hold_qp(b, "rxe0", index)
+    b.ssh("ip addr del 10.20.0.2/24 dev ens4")  # B's agent restores it: the GID moves
+    wait_for(lambda: condition(b, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
+             "B sees its GID shifted")
+    b.ssh("pkill -f '/root/guest/[q]p_holder'")  # B re-pins
+    wait_for(lambda: condition(b, "RoCEGIDStable") == ("True", "GIDsPinned"), 60,
+             "B re-pinned")
+    both_reach_each_other(a, b)  # no agent restarted on either end
+
+
+def test_4f_the_peer_agent_stopped_is_unknown_and_holds_nothing(pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    b.ssh("systemctl stop nodeagent")
+    until_condition(a, ("Unknown", "PeerNotResponding"), 30, "the peer's agent gone")
+    assert PEERS not in fabric_message(a)  # gated, and still holds nothing
