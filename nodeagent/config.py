@@ -101,6 +101,12 @@ Timeout = Annotated[float, BeforeValidator(parse_duration),
                     AfterValidator(_at_least(0.01, "10ms"))]
 
 
+def _node_name(v: str | None) -> str | None:
+    if v is not None and (len(v) > 253 or not _SUBDOMAIN.match(v)):
+        raise ValueError(f"{shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
+    return v
+
+
 def _not_empty(value: Any) -> Any:
     if value == "":
         raise ValueError("is empty (an absolute path is required)")
@@ -464,9 +470,7 @@ class Peer(_Strict):
     @field_validator("node")
     @classmethod
     def _node(cls, v: str | None) -> str | None:
-        if v is not None and (len(v) > 253 or not _SUBDOMAIN.match(v)):
-            raise ValueError(f"{shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
-        return v
+        return _node_name(v)
 
     @property
     def label(self) -> str:
@@ -693,10 +697,8 @@ class Config(_Strict):
 
     @field_validator("node_name")
     @classmethod
-    def _node_name(cls, v: str | None) -> str | None:
-        if v is not None and (len(v) > 253 or not _SUBDOMAIN.match(v)):
-            raise ValueError(f"{shown(v)} is not a Node name (a lowercase DNS-1123 subdomain)")
-        return v
+    def _node(cls, v: str | None) -> str | None:
+        return _node_name(v)
 
     def resolved_node_name(self) -> str:
         return self.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
