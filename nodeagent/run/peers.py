@@ -103,6 +103,14 @@ class PeerProber(Periodic):
             self._close_ends(keep={})
 
 
+def _hold(peers: Peers) -> float:
+    return 2 * peers.timeout + 1.0  # a prober's whole probe, and then some
+
+
+def _responder(peers: Peers) -> Responder:
+    return Responder(peers.port, hold=_hold(peers))
+
+
 class PeerService:
     """The source: a responder and a prober, started and stopped together."""
 
@@ -110,7 +118,7 @@ class PeerService:
         peers = cfg.peers
         assert peers is not None
         self.cfg = cfg
-        self.responder = Responder(peers.port, hold=2 * peers.timeout + 1.0)
+        self.responder = _responder(peers)
         self.prober = PeerProber(cfg, deliver)
 
     @property
@@ -127,8 +135,19 @@ class PeerService:
             self.prober.wake()
 
     def reconfigure(self, cfg: Config) -> None:
+        """A reload: the prober takes the new config at its next round; a new port or
+        timeout gets a new responder (its listeners cannot move)."""
         self.cfg = cfg
         self.prober.cfg = cfg
+        peers = cfg.peers
+        if peers is not None and (peers.port, _hold(peers)) != (self.responder.port,
+                                                                self.responder.hold):
+            self.responder.stop()
+            self.responder.join(timeout=5)
+            self.responder = _responder(peers)
+            self.responder.start()
+        if self.prober.targets is not None:
+            self.targets = self.prober.targets
 
     def start(self) -> None:
         self.responder.start()

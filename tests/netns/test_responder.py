@@ -240,3 +240,49 @@ def test_stopping_closes_every_socket(wire: tuple[Netns, Netns]) -> None:
     assert read_all(held) == b""
     held.close()
     assert fds() <= before
+
+
+def test_a_reload_moves_the_responder_to_the_new_port_and_peers(
+        wire: tuple[Netns, Netns]) -> None:
+    """The source as the daemon runs it (responder and prober): a reload with another port
+    listens there and not on the old one; new peers are answered at once. (The prober's
+    rounds fail here at this node's device, delivered as such.)"""
+    from nodeagent.config import parse_config
+    from nodeagent.model import PeerOutcome
+    from nodeagent.run.peers import PeerService
+    from nodeagent.run.transport import Targets
+    from nodeagent.run.work import PeersSeen
+
+    node, peers = wire
+    rails = [{"name": "rail0", "interface": "r0", "address": f"{RAIL}/24"}]
+
+    def config(port: int, peer: str):  # type: ignore[no-untyped-def]
+        return parse_config({"rails": rails, "peers": {"port": port, "static": {
+            "rail0": [{"address": peer}]}}})
+
+    seen: list[PeersSeen] = []
+    with entered(node):
+        service = PeerService(config(PORT, KNOWN), seen.append)  # type: ignore[arg-type]
+        service.start()
+    try:
+        service.targets = Targets({"rail0": SERVED["rail0"].target})
+        _until(lambda: service.responder.listening.get("rail0") == (RAIL, PORT), "listening")
+        _until(lambda: bool(seen), "a round delivered")
+        probe = seen[-1].probes["rail0"][0]
+        assert probe.outcome == PeerOutcome.LOCAL and "this node's" in probe.error
+        with entered(node):  # a new responder's thread is born where the old one was
+            service.reconfigure(config(PORT + 1, OTHER))
+        _until(lambda: service.responder.listening.get("rail0") == (RAIL, PORT + 1),
+               "listening on the new port")
+        with pytest.raises(ConnectionRefusedError):
+            connect(peers, KNOWN)
+        with entered(peers):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((OTHER, 0))
+        s.settimeout(5)
+        s.connect((RAIL, PORT + 1))
+        s.sendall(hello_from(OTHER))
+        assert parse_reply(read_all(s)) == Refuse(Refusal.DEVICE)  # answered: a known peer
+        s.close()
+    finally:
+        service.stop()
