@@ -3,13 +3,19 @@
 Includes its periodic resyncs (resync_interval, default 30 s). Local-only by default; with
 --kubernetes the daemon also publishes to the real test apiserver (started here, in the
 bench's namespace) and the API writes it makes while idle are counted too.
-Goals: local-only <= 45 MB; with kubernetes <= 60 MB; CPU <= 0.2 % of a core.
-Usage: sudo .venv/bin/python bench/idle.py [--seconds 60] [--kubernetes]
+With --peers N each rail also has N static peers (a peers section, probed every second):
+the namespace has no RDMA device, so each round ends at this node's device open, and what
+is measured is the loop's share (a round delivered, judged and written every second), not
+the verbs' (measure those in the lab).
+Goals: local-only <= 45 MB; with kubernetes <= 60 MB; CPU <= 0.2 % of a core; peers add
+<= 0.1 % of a core.
+Usage: sudo .venv/bin/python bench/idle.py [--seconds 60] [--kubernetes] [--peers 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import signal
@@ -41,11 +47,16 @@ def main() -> None:
     ap.add_argument("--rails", type=int, default=8)
     ap.add_argument("--kubernetes", action="store_true",
                     help="publish to a real apiserver as well (conditions, taint, Lease)")
+    ap.add_argument("--peers", type=int, default=0, help="static peers per rail")
     args = ap.parse_args()
     reexec_in_netns()
     tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
     data = make_rails(args.rails, tmp)
     server = None
+    if args.peers:
+        data["peers"] = {"static": {r["name"]: [
+            {"address": str(ipaddress.IPv4Interface(r["address"]).network[100 + i])}
+            for i in range(args.peers)] for r in data["rails"]}}
     if args.kubernetes:
         from kubernetes import client as k8s
 
@@ -85,6 +96,8 @@ def main() -> None:
     if server is not None:
         server.stop()
     kind = "with a kubernetes section" if args.kubernetes else "local-only"
+    if args.peers:
+        kind += f", {args.peers} peers per rail"
     print(f"idle daemon ({kind}), {args.rails} healthy rails, {t1 - t0:.0f} s, resync every "
           f"{data.get('resync_interval', 30)} s, {passes} passes while measured")
     print(f"RSS {rss_mb_str(peak)} peak; CPU {100 * (cpu1 - cpu0) / (t1 - t0):.3f} % of a "

@@ -31,6 +31,9 @@ from nodeagent.model import (
 
 FABRIC_FAULTS = (PeerOutcome.ROCE_FAILED, PeerOutcome.MTU_FAILED)
 NOT_RESPONDING = "PeerNotResponding"  # about the peer, not this node: never a taint
+# While every probe passes as before, the prober hands its rounds over this often (each
+# hand-over is a pass): a change of outcome, or any failure, goes at once.
+QUIET_DELIVERY = 10.0
 
 
 @dataclass
@@ -113,7 +116,7 @@ def peers_finding(cfg: Config, stats: Mapping[str, tuple[PeerStats, ...]],
         return problems.finding("NotConfigured", "no peers section configured")
     fine: list[str] = []
     stale_after = 3 * (peers.interval + peers.timeout * max(
-        (len(v) for v in peers.static.values()), default=1)) + 5.0
+        (len(v) for v in peers.static.values()), default=1)) + QUIET_DELIVERY + 5.0
     for rail in cfg.rails:
         listed = peers.static.get(rail.name)
         if not listed:

@@ -1,6 +1,8 @@
 """The peer probe as a source: the responder (run/responder.py) answering this node's
 peers, and a prober thread probing them, each rail's peers one after another, every
-`peers.interval` (stretched so a rail sends at most MAX_RATE probes a second).
+`peers.interval` (stretched so a rail sends at most MAX_RATE probes a second). Rounds are
+handed to the loop at once when an outcome changed or failed, else batched for
+QUIET_DELIVERY seconds.
 
 Both follow the rails the loop hands over after each pass (`targets`, the transport
 probe's): a rail whose GID is off its pin, or whose device is not known, is neither probed
@@ -13,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from nodeagent.checks.peers import QUIET_DELIVERY
 from nodeagent.config import Config, Peers
 from nodeagent.io.periodic import Periodic
 from nodeagent.model import PeerOutcome, PeerProbe
@@ -46,6 +49,12 @@ class PeerProber(Periodic):
         self.deliver = deliver
         self.targets: Targets | None = None
         self._ends: dict[str, RailEnd] = {}
+        # Rounds not handed over yet (quiet ones are batched), and the last outcomes.
+        self._pending: dict[str, list[PeerProbe]] = {}
+        self._last: dict[tuple[str, str], PeerOutcome] = {}
+        self._failing: dict[tuple[str, str], int] = {}  # failed probes in a row
+        self._delivered_at = 0.0
+        self._skipped: dict[str, str] = {}
 
     def turn(self) -> float:
         peers, targets = self.cfg.peers, self.targets
@@ -59,8 +68,36 @@ class PeerProber(Periodic):
             probes[rail] = tuple(self._probe_rail(rail, target, peers, lambda: self.halted))
         if not self.halted:
             skipped = {r: why for r, why in targets.skipped.items() if peers.static.get(r)}
-            self.deliver(PeersSeen(probes, skipped, peers.window))
+            self._hand_over(probes, skipped, peers.window)
         return round_period(peers)
+
+    def _hand_over(self, probes: dict[str, tuple[PeerProbe, ...]], skipped: dict[str, str],
+                   window: int) -> None:
+        """Deliver this round (with the quiet rounds before it) when an outcome changed or
+        a failure counts towards a verdict (up to peers.failures in a row), else
+        QUIET_DELIVERY after the last: a mesh that stays as it is costs the loop one pass
+        every 10 s, not one a round, and a failure is still judged the round it happens."""
+        for rail in [r for r in self._pending if r not in probes]:
+            del self._pending[rail]  # skipped or gone: its batch with it
+        news = skipped != self._skipped
+        failures = self.cfg.peers.failures if self.cfg.peers is not None else 1
+        for rail, got in probes.items():
+            self._pending.setdefault(rail, []).extend(got)
+            for p in got:
+                key = (rail, p.address)
+                before = self._last.get(key)
+                run = self._failing.get(key, 0) + 1 if p.outcome != PeerOutcome.OK else 0
+                # Each failure until the verdict counts; a verdict that stands is quiet.
+                news |= p.outcome != before or 0 < run <= failures
+                self._last[key], self._failing[key] = p.outcome, run
+        now = time.monotonic()
+        if not news and now - self._delivered_at < QUIET_DELIVERY:
+            return
+        batch = {rail: tuple(got) for rail, got in self._pending.items()}
+        self.deliver(PeersSeen(batch, skipped, window))
+        self._pending.clear()
+        self._skipped = dict(skipped)
+        self._delivered_at = now
 
     def _probe_rail(self, rail: str, target: Target, peers: Peers,
                     halted: Callable[[], bool]) -> list[PeerProbe]:

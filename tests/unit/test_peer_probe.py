@@ -328,3 +328,33 @@ def test_each_peer_is_in_the_status_and_the_metrics() -> None:
         "address": "10.10.0.7", "node": "gpu-07", "outcome": "RoCE failed",
         "error": "retry exceeded error", "failing_for": 2, "failing": True, "probes": 3,
         "loss": 0, "mtu": 4096, "rtt_p50_us": 21.0, "rtt_p99_us": 22.0}
+
+
+def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> None:
+    from nodeagent.run.peers import PeerProber
+    from nodeagent.run.work import PeersSeen
+
+    got: list[PeersSeen] = []
+    prober = PeerProber(CFG, got.append)  # type: ignore[arg-type]
+
+    def round_of(outcome: PeerOutcome, n: float) -> None:
+        prober._hand_over({"rail0": (probe("10.10.0.6", outcome, at=n),)}, {}, 60)
+
+    round_of(OK, 0)  # the first round: news
+    round_of(OK, 1)  # quiet: kept
+    round_of(OK, 2)
+    assert len(got) == 1
+    round_of(ROCE, 3)  # a failure goes at once, with the quiet rounds before it
+    assert [p.at for p in got[-1].probes["rail0"]] == [1.0, 2.0, 3.0]
+    round_of(ROCE, 4)  # still failing: at once (the second failure makes the verdict)
+    assert len(got) == 3
+    round_of(ROCE, 4.5)  # the verdict stands: quiet again
+    assert len(got) == 3
+    round_of(OK, 5)  # recovered: a change
+    round_of(OK, 6)
+    assert len(got) == 4
+    prober._delivered_at -= 11  # QUIET_DELIVERY has passed since the last hand-over
+    round_of(OK, 7)
+    assert len(got) == 5 and [p.at for p in got[-1].probes["rail0"]] == [6.0, 7.0]
+    prober._hand_over({}, {"rail0": "its GID is off its pinned index"}, 60)  # skipped: news
+    assert got[-1].skipped == {"rail0": "its GID is off its pinned index"}
