@@ -51,7 +51,11 @@ printf '127.0.0.1 localhost\\n127.0.1.1 lab\\n' > /etc/hosts
 echo '/dev/vda / ext4 defaults 0 1' > /etc/fstab
 passwd -d root >/dev/null
 mkdir -p /etc/systemd/network /etc/NetworkManager/conf.d
-printf '[Match]\\nMACAddress={MGMT_MAC}\\n\\n[Network]\\nDHCP=ipv4\\n' \\
+# Management is static (qemu's user network always gives 10.0.2.15) and kept across
+# networkd restarts: with DHCP, a restart drops the lease's address (KeepConfiguration=no)
+# and, on a loaded host, the guest was seen never to answer ssh again after scenario 2c.
+printf '%s\\n' '[Match]' 'MACAddress={MGMT_MAC}' '' '[Network]' 'Address=10.0.2.15/24' \\
+    'Gateway=10.0.2.2' 'DNS=10.0.2.3' 'KeepConfiguration=static' \\
     > /etc/systemd/network/10-mgmt.network
 # NetworkManager leaves management alone and makes no profile by itself: a scenario that
 # wants NM on a rail writes its own.
