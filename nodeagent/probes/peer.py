@@ -28,6 +28,7 @@ from nodeagent.probes.peerwire import (
     Hello,
     Refuse,
     WireError,
+    ipv4_gid,
     pack_hello,
     parse_reply,
 )
@@ -152,6 +153,12 @@ def _handshake(end: RailEnd, qp: Any, address: str, port: int, deadline: float,
             raise _Failed(PeerOutcome.NO_RESPONDER, f"responder {address}:{port}: {exc}") from exc
         if isinstance(reply, Refuse):
             raise _Failed(PeerOutcome.REFUSED, f"its responder refused: {reply.code.words}")
+        if reply.gid != ipv4_gid(address) or reply.mtu > mtu_bytes(end.mtu):
+            # A reply may not point this QP at another host, nor ask for frames this rail
+            # does not carry.
+            raise _Failed(PeerOutcome.REFUSED, f"its responder replied GID "
+                          f"{gid_text(reply.gid)} MTU {reply.mtu}, not the peer's "
+                          f"::ffff:{address} at most {mtu_bytes(end.mtu)}")
         return sock, reply
     except BaseException:
         sock.close()

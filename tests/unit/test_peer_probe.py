@@ -358,3 +358,40 @@ def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> No
     assert len(got) == 5 and [p.at for p in got[-1].probes["rail0"]] == [6.0, 7.0]
     prober._hand_over({}, {"rail0": "its GID is off its pinned index"}, 60)  # skipped: news
     assert got[-1].skipped == {"rail0": "its GID is off its pinned index"}
+
+
+@pytest.mark.parametrize("reply,words", [
+    (Accept(7, 1, ipv4_gid("10.99.0.1"), 1024, 0, 0, 4096), "not the peer's ::ffff:127.0.0.1"),
+    (Accept(7, 1, ipv4_gid("127.0.0.1"), 4096, 0, 0, 4096), "at most 1024"),
+    (Refuse(Refusal.UNKNOWN_PEER), "refused: this node is not one of its peers"),
+])
+def test_a_hostile_reply_never_sets_the_qp_up(reply: Accept | Refuse, words: str) -> None:
+    """A real TCP responder on loopback that answers a Hello with a reply pointing the QP
+    at another host, asking for a larger MTU than the rail's, or refusing: the handshake
+    ends there (no QP is moved), with the reason."""
+    import socket
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from nodeagent.probes.peer import RailEnd, _Failed, _handshake
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(HELLO_SIZE)
+        conn.sendall(pack_reply(reply))
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    end = RailEnd("rxe0", 1, 1, "127.0.0.1", gid="0000:0000:0000:0000:0000:ffff:7f00:0001",
+                  mtu=3)  # the port's active MTU: IBV_MTU_1024
+    with pytest.raises(_Failed) as got:
+        # Only the QP's number goes into the Hello: a namespace stands in for pyverbs' QP.
+        _handshake(end, SimpleNamespace(qp_num=5), "127.0.0.1", server.getsockname()[1],
+                   time.monotonic() + 5, 1)
+    server.close()
+    assert got.value.outcome == PeerOutcome.REFUSED and words in got.value.error
