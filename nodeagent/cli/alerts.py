@@ -118,22 +118,7 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
             "Zero or absent allocatable " + dp.resource + ": the device plugin is not "
             "registered there, and jobs on this node cannot request the fabric.",
         ),
-        _alert(
-            "RDMAPeerSuspect",
-            # Pingmesh's localisation, from the agents' peer metrics: `node` is the probed
-            # node, `instance` the prober. More than half of a node's probers (two at least)
-            # fail to reach it over RoCE, while the rail as a whole mostly passes.
-            "(count by (rail, node) (nodeagent_rdma_peer_reachable == 0)\n"
-            "  / count by (rail, node) (nodeagent_rdma_peer_reachable)) > 0.5\n"
-            "and on (rail, node) count by (rail, node) (nodeagent_rdma_peer_reachable) >= 2\n"
-            "and on (rail) (sum by (rail) (nodeagent_rdma_peer_reachable)\n"
-            "  / count by (rail) (nodeagent_rdma_peer_reachable)) >= 0.5",
-            w.peer_suspect_for, "warning",
-            "Node {{ $labels.node }} is unreachable over RoCE on {{ $labels.rail }} from most "
-            "of its peers",
-            "{{ $value | humanizePercentage }} of the nodes that probe it fail over RoCE, "
-            "while the rail passes elsewhere: its link, switch port or VLAN is the suspect.",
-        ),
+        _peer_suspect(w),
     ]
     if kube.taint is None:  # conditions only: the taint belongs to a readiness rule
         rules = [r for r in rules if r["alert"] != "FabricTaintStuck"]
@@ -150,3 +135,22 @@ def prometheus_rule(groups: list[dict[str, Any]], namespace: str) -> dict[str, A
             "metadata": {"name": "nodeagent", "namespace": namespace,
                          "labels": {"app.kubernetes.io/name": "nodeagent"}},
             "spec": {"groups": groups}}
+
+
+def _peer_suspect(w: Windows) -> dict[str, Any]:
+    """Pingmesh's localisation, from the agents' peer metrics: `node` is the probed node,
+    `instance` the prober. More than half of a node's probers (two at least) fail to reach
+    it over RoCE, while the rail as a whole mostly passes."""
+    return _alert(
+        "RDMAPeerSuspect",
+        "(count by (rail, node) (nodeagent_rdma_peer_reachable == 0)\n"
+        "  / count by (rail, node) (nodeagent_rdma_peer_reachable)) > 0.5\n"
+        "and on (rail, node) count by (rail, node) (nodeagent_rdma_peer_reachable) >= 2\n"
+        "and on (rail) (sum by (rail) (nodeagent_rdma_peer_reachable)\n"
+        "  / count by (rail) (nodeagent_rdma_peer_reachable)) >= 0.5",
+        w.peer_suspect_for, "warning",
+        "Node {{ $labels.node }} is unreachable over RoCE on {{ $labels.rail }} from most "
+        "of its peers",
+        "{{ $value | humanizePercentage }} of the nodes that probe it fail over RoCE, "
+        "while the rail passes elsewhere: its link, switch port or VLAN is the suspect.",
+    )

@@ -106,14 +106,11 @@ class PeerProber(Periodic):
             end = RailEnd(target.device, target.port, target.gid_index, target.address)
             try:
                 end.open(remote_read=False)
-            except ProbeFailed as failed:
+            except Exception as exc:  # ProbeFailed names its step; pyverbs' errors do not
+                why = f"this node's {exc}" if isinstance(exc, ProbeFailed) else \
+                    f"this node's RDMA device: {exc}"
                 now = time.monotonic()
-                return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL,
-                                  f"this node's {failed}", at=now) for p in peers.static[rail]]
-            except Exception as exc:  # pyverbs missing or failing outside the steps
-                now = time.monotonic()
-                return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL,
-                                  f"this node's RDMA device: {exc}", at=now)
+                return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL, why, at=now)
                         for p in peers.static[rail]]
             self._ends[rail] = end
         out = []
