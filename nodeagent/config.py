@@ -493,6 +493,11 @@ class Peers(_Strict):
     failures: int = Field(default=2, ge=1, le=100)  # failed probes in a row: a failing peer
     max_rtt: Duration = 0.01  # PeerLatencyHigh when a peer's RTT p99 is above this
     static: dict[str, list[Peer]] = Field(default_factory=dict)  # rail name -> its peers
+    # With a kubernetes section: each agent publishes its rails on its own Lease and finds
+    # `sample` peers per rail among the agents on the same rail network (run/discovery.py).
+    discover: bool = False
+    sample: int = Field(default=4, ge=1, le=MAX_PEERS)  # discovered peers per rail
+    discover_interval: Interval = 600.0  # the agents' cards listed again this often
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
     @field_validator("static")
@@ -802,12 +807,16 @@ def _semantic_problems(rails: list[tuple[int, Rail]],
 
 
 def _peer_problems(cfg: Config) -> list[str]:
-    """peers.static names configured rails, and no peer is one of this node's own rails."""
+    """peers.static names configured rails, no peer is one of this node's own rails, and
+    discovery has an API to discover from."""
     if cfg.peers is None:
         return []
     names = [r.name for r in cfg.rails]
     own = {r.ip for r in cfg.rails}
     problems = []
+    if cfg.peers.discover and cfg.kubernetes is None:
+        problems.append("peers.discover: needs a kubernetes section (the peers' cards are "
+                        "read from their Leases)")
     for rail, peers in cfg.peers.static.items():
         if rail not in names:
             problems.append(f"peers.static.{rail}: no rail of that name (rails: "

@@ -472,6 +472,51 @@ class PeerStats:
 
 
 @dataclass(frozen=True)
+class PeerRef:
+    """A peer a rail probes: its rail address, and its node's name for messages; from the
+    config's static list or from discovery (the peers' own cards)."""
+
+    address: str
+    node: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.node} {self.address}" if self.node else self.address
+
+
+@dataclass(frozen=True)
+class CardRail:
+    """One rail on an agent's peer card: where its responder answers."""
+
+    name: str
+    address: str  # the rail's IPv4 address
+    network: str  # the rail's network (CIDR): peers are found on the same one
+
+
+@dataclass(frozen=True)
+class PeerCard:
+    """What an agent publishes (on its own Lease) so that agents on the same rail networks
+    can probe it: its rails and its responder's port."""
+
+    node: str
+    port: int
+    rails: tuple[CardRail, ...]
+
+
+class MeshVerdict(Words):
+    """One peer as its prober last judged it, published for the fleet's mesh view (a word
+    each, so the annotation changes only when a verdict does)."""
+
+    OK = "ok"
+    ROCE = "roce"  # RoCE fails while TCP reaches the peer's responder
+    MTU = "mtu"  # small reads pass, reads at the path MTU fail
+    SILENT = "silent"  # no responder on TCP either (its agent is down): not a fabric verdict
+    REFUSED = "refused"  # its responder would not set up
+    LOCAL = "local"  # this node could not probe at all
+    PENDING = "pending"  # not reached yet
+
+
+@dataclass(frozen=True)
 class CustomCheckResult:
     """One run of a custom check: ok (exit 0), problem (exit 1) or unknown (exit 2, any
     other code, a timeout, not runnable), with the first line it printed."""
@@ -852,6 +897,7 @@ class Status:
     lustre: tuple[LustreProbeStatus, ...] | None = None
     kubernetes: Mapping[str, Any] | None = None  # the publisher's own view of its work
     daemon: DaemonState | None = None
+    peer_card: PeerCard | None = None  # with peers and kubernetes: published on the Lease
 
     @property
     def ok(self) -> bool:

@@ -16,7 +16,7 @@ from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.facts import Facts
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding
-from nodeagent.checks.peers import NOT_RESPONDING, peers_finding
+from nodeagent.checks.peers import NO_PEERS, NOT_RESPONDING, peers_finding
 from nodeagent.checks.port_health import hardware_finding
 from nodeagent.checks.traffic import traffic_expectation, traffic_finding
 from nodeagent.checks.transport import transport_finding
@@ -95,10 +95,11 @@ CONDITIONS: Sequence[Condition] = (
               gates=lambda cfg: bool(cfg.transport and cfg.transport.gate)),
     Condition(RDMA_PEERS_REACHABLE,
               lambda cfg, f: peers_finding(cfg, f.peer_stats, f.peers_skipped, f.now,
-                                           {r: t.ok for r, t in f.transport_results.items()}),
+                                           {r: t.ok for r, t in f.transport_results.items()},
+                                           f.peers_listed, f.peers_short),
               enabled=lambda cfg: cfg.peers is not None,
               gates=lambda cfg: bool(cfg.peers and cfg.peers.gate),
-              counts=lambda finding: finding.reason != NOT_RESPONDING),
+              counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
 )
 
 

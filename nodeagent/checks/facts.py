@@ -18,6 +18,7 @@ from nodeagent.model import (
     DevicePluginObservation,
     Drift,
     LustreObservation,
+    PeerRef,
     PeerStats,
     Pin,
     PortHealth,
@@ -49,4 +50,7 @@ class Facts:
     transport_skipped: Mapping[str, str] = field(default_factory=dict)
     peer_stats: Mapping[str, tuple[PeerStats, ...]] = field(default_factory=dict)  # by rail
     peers_skipped: Mapping[str, str] = field(default_factory=dict)  # rail -> why not probed
+    # by rail, what the prober probes (static, then discovered); None: the config's own
+    peers_listed: Mapping[str, tuple[PeerRef, ...]] | None = None
+    peers_short: Mapping[str, str] = field(default_factory=dict)  # rail -> too few found
     labels: Mapping[str, str] = field(default_factory=dict)  # the hardware fingerprint

@@ -25,12 +25,14 @@ from nodeagent.model import (
     Finding,
     PeerOutcome,
     PeerProbe,
+    PeerRef,
     PeerStats,
     Problems,
 )
 
 FABRIC_FAULTS = (PeerOutcome.ROCE_FAILED, PeerOutcome.MTU_FAILED)
 NOT_RESPONDING = "PeerNotResponding"  # about the peer, not this node: never a taint
+NO_PEERS = "NoPeersFound"  # discovery found no other agent on the rail's network: no taint
 # While every probe passes as before, the prober hands its rounds over this often (each
 # hand-over is a pass): a change of outcome, or any failure, goes at once.
 QUIET_DELIVERY = 10.0
@@ -88,11 +90,20 @@ def peer_stats(probes: list[PeerProbe], failures: int = 1,
                      dict(totals or {}), failing >= failures)
 
 
-def rail_peer_stats(peers: Peers, history: PeerHistory) -> dict[str, tuple[PeerStats, ...]]:
-    """Each configured rail's peers that have been probed, in config order."""
+def static_peers(peers: Peers | None) -> dict[str, tuple[PeerRef, ...]]:
+    """The config's own peers per rail (discovery adds to them)."""
+    if peers is None:
+        return {}
+    return {rail: tuple(PeerRef(p.address, p.node) for p in listed)
+            for rail, listed in peers.static.items() if listed}
+
+
+def rail_peer_stats(peers: Peers, listed: Mapping[str, tuple[PeerRef, ...]],
+                    history: PeerHistory) -> dict[str, tuple[PeerStats, ...]]:
+    """Each rail's listed peers that have been probed, in listed order."""
     out: dict[str, tuple[PeerStats, ...]] = {}
-    for rail, listed in peers.static.items():
-        got = [history.stats(rail, p.address, peers.failures) for p in listed]
+    for rail, refs in listed.items():
+        got = [history.stats(rail, p.address, peers.failures) for p in refs]
         out[rail] = tuple(s for s in got if s is not None)
     return out
 
@@ -107,19 +118,29 @@ def _who(s: PeerStats) -> str:
 
 def peers_finding(cfg: Config, stats: Mapping[str, tuple[PeerStats, ...]],
                   skipped: Mapping[str, str], now: float,
-                  transport_ok: Mapping[str, bool] | None = None) -> Finding:
+                  transport_ok: Mapping[str, bool] | None = None,
+                  listing: Mapping[str, tuple[PeerRef, ...]] | None = None,
+                  short: Mapping[str, str] | None = None) -> Finding:
     """The condition over every rail with peers. `transport_ok`: which rails' local
-    transport probe passed (an all-peers failure there is not this node's HCA)."""
+    transport probe passed (an all-peers failure there is not this node's HCA);
+    `listing`: each rail's peers (default: the config's); `short`: rails for which
+    discovery found fewer peers than asked, and why."""
     problems = Problems(RDMA_PEERS_REACHABLE)
     peers = cfg.peers
     if peers is None:
         return problems.finding("NotConfigured", "no peers section configured")
+    listing = static_peers(peers) if listing is None else listing
+    short = short or {}
     fine: list[str] = []
     stale_after = 3 * (peers.interval + peers.timeout * max(
-        (len(v) for v in peers.static.values()), default=1)) + QUIET_DELIVERY + 5.0
+        (len(v) for v in listing.values()), default=1)) + QUIET_DELIVERY + 5.0
     for rail in cfg.rails:
-        listed = peers.static.get(rail.name)
+        listed = listing.get(rail.name)
         if not listed:
+            if rail.name in short:
+                problems.unknown(NO_PEERS, f"{rail.name}: no peer to probe: {short[rail.name]}")
+            elif peers.discover and cfg.manages(rail):
+                problems.unknown("PeersNotProbed", f"{rail.name}: discovering peers")
             continue
         got = stats.get(rail.name, ())
         if rail.name in skipped:

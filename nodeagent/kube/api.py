@@ -122,6 +122,7 @@ class Counters:
     conflicts: int = 0
     errors: int = 0
     events_dropped: int = 0
+    bytes_in: int = 0  # reply bodies read
 
 
 def call(
@@ -156,6 +157,7 @@ def call(
     except Exception as exc:
         counters.errors += 1  # refused, timed out, TLS
         raise _unreachable(api, exc) from exc
+    counters.bytes_in += len(reply)
     if not 200 <= resp.status < 300:
         counters.errors += 1
         if resp.status == 409:

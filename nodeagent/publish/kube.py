@@ -147,8 +147,11 @@ class NodeWriter:
         })
         return True
 
-    def renew_lease(self) -> None:
-        """The heartbeat: one write per period (a read only after a conflict or at start)."""
+    def renew_lease(self, labels: dict[str, str] | None = None,
+                    annotations: dict[str, str] | None = None) -> None:
+        """The heartbeat: one write per period (a read only after a conflict or at start).
+        With a peers section the Lease also carries the agent's peer card and its probes'
+        verdicts (kube/peercard.py)."""
         name = f"nodeagent-{self.node}"
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.cfg.lease_namespace}/leases"
         now = time.time()
@@ -161,6 +164,10 @@ class NodeWriter:
 
         def body(rv: str | None) -> dict[str, Any]:
             meta: dict[str, Any] = {"name": name}
+            if labels:
+                meta["labels"] = labels
+            if annotations:
+                meta["annotations"] = annotations
             if rv:
                 meta["resourceVersion"] = rv
             return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",

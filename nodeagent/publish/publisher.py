@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import Kubernetes
 from nodeagent.kube.backoff import Backoff
+from nodeagent.kube.peercard import lease_metadata
 from nodeagent.model import FABRIC_READY, Finding, Status
 from nodeagent.publish.node import (
     STARTING,
@@ -32,6 +33,10 @@ if TYPE_CHECKING:  # the kubernetes client is imported only when a kubernetes se
     from nodeagent.publish.kube import NodeWriter
 
 log = logging.getLogger(__name__)
+
+# A changed peer card or mesh verdict is written with an early Lease renewal, at most this
+# often (seconds); otherwise it waits for the next renewal (lease_period).
+MESH_GAP = 10.0
 
 
 @dataclass
@@ -49,6 +54,7 @@ class _Due:
     """When the publisher's timed writes are next due (monotonic seconds)."""
 
     lease: float = 0.0  # the Lease renewed
+    card: float = 0.0  # a changed peer card or mesh may be written early (MESH_GAP apart)
     reconcile: float = 0.0  # the Node re-read while no watch serves it
     heartbeat: float = 0.0  # the conditions' lastHeartbeatTime refreshed
 
@@ -59,6 +65,7 @@ class _Written:
 
     key: tuple[Any, ...] | None = None  # findings, taint and labels
     conditions: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> status, reason
+    lease_meta: tuple[dict[str, str], dict[str, str]] = ({}, {})  # labels, annotations
 
 
 class Publisher(threading.Thread):
@@ -85,6 +92,7 @@ class Publisher(threading.Thread):
         self._due = _Due()
         self.node_watch: WatchedCollection | None = None  # the agent's own Node, watched
         self._node_dirty = False  # the watch saw a change not yet compared
+        self.mesh_gap = MESH_GAP
 
     # ------------------------------------------------------------ API for the local loop
 
@@ -123,6 +131,8 @@ class Publisher(threading.Thread):
             lift = self.gate.lifts_at()
             if lift is not None:
                 deadlines.append(lift)
+            if self._lease_meta() != self._written.lease_meta:
+                deadlines.append(self._due.card)
             wait = retry_in if retry_in is not None else max(0.0, min(deadlines) - now)
             self._wake.wait(timeout=wait)
             self._wake.clear()
@@ -190,11 +200,24 @@ class Publisher(threading.Thread):
                 self._written.key = key
                 if reconcile:
                     self._due.reconcile = now + self.cfg.reconcile_interval
-        if now >= self._due.lease:
-            writer.renew_lease()
+        meta = self._lease_meta()
+        early = meta != self._written.lease_meta and now >= self._due.card
+        if now >= self._due.lease or early:
+            writer.renew_lease(*meta)
+            self._written.lease_meta = meta
             self._due.lease = now + self.cfg.lease_period
+            self._due.card = now + self.mesh_gap
         self.state.synced = True
         self.state.last_error = None
+
+    def _lease_meta(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The Lease's labels and annotations for the newest report: the peer card and
+        the probes' verdicts, written when they change (MESH_GAP apart at most)."""
+        with self._lock:
+            report = self._latest
+        if report is None:
+            return self._written.lease_meta
+        return lease_metadata(report.peer_card, report.report.rails)
 
     def _watch_node(self, writer: NodeWriter) -> None:
         """One watch of the agent's own Node (list, then watch from its resourceVersion,

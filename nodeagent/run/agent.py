@@ -34,6 +34,7 @@ from nodeagent.model import (
     Status,
 )
 from nodeagent.publish.status import DaemonLock, write_status
+from nodeagent.run.discovery import own_card
 from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
 from nodeagent.run.rails import RailHistory, RailIndex
 from nodeagent.run.reload import ConfigReloader
@@ -318,6 +319,7 @@ class Agent:
                                resync_interval=self.cfg.resync_interval,
                                last_pass_seconds=record.last_seconds,
                                reload_error=self.reloader.status_error()),
+            peer_card=own_card(self.cfg),
         )
 
     def _publish(self, report: Report, state: str = "running", submit: bool = False) -> Status:

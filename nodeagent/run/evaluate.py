@@ -26,7 +26,7 @@ from nodeagent.checks.gid import (
 )
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.network import deletion_drift, rail_drift
-from nodeagent.checks.peers import rail_peer_stats
+from nodeagent.checks.peers import rail_peer_stats, static_peers
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.systemd import RAIL
@@ -429,6 +429,9 @@ class Evaluator:
         """This pass's facts, frozen for the judgement."""
         cfg, store = self.cfg, self.store
         observations = {n: o for n, o in store.observations.items() if n in self.rails}
+        # Before the prober's first round: the config's own peers, not yet probed.
+        listed = (store.peers_listed if store.peers_listed is not None
+                  else static_peers(cfg.peers))
         return Facts(
             now=self.clock(),
             gid=gid_finding(cfg, store.gid_table, self.pins, store.qps, store.rail_seen),
@@ -442,8 +445,10 @@ class Evaluator:
             custom_results=dict(store.custom_results),
             transport_results=dict(store.transport_results),
             transport_skipped=dict(store.transport_skipped),
-            peer_stats=(rail_peer_stats(cfg.peers, store.peer_history) if cfg.peers else {}),
-            peers_skipped=dict(store.peers_skipped), labels=dict(store.labels))
+            peer_stats=(rail_peer_stats(cfg.peers, listed, store.peer_history)
+                        if cfg.peers else {}),
+            peers_skipped=dict(store.peers_skipped), peers_listed=listed,
+            peers_short=dict(store.peers_short), labels=dict(store.labels))
 
     def judge(
         self,

@@ -13,14 +13,16 @@ context open between rounds; a probe's QP lives for the probe only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from ipaddress import IPv4Network
 
-from nodeagent.checks.peers import QUIET_DELIVERY
-from nodeagent.config import Config, Peers
+from nodeagent.checks.peers import QUIET_DELIVERY, static_peers
+from nodeagent.config import MAX_PEERS, Config, Peers
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import PeerOutcome, PeerProbe
+from nodeagent.model import PeerOutcome, PeerProbe, PeerRef
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.probes.transport import ProbeFailed
+from nodeagent.run.discovery import Discovered, PeerDiscovery
 from nodeagent.run.responder import Responder, Served
 from nodeagent.run.transport import Target, Targets
 from nodeagent.run.work import Deliver, PeersSeen
@@ -28,16 +30,40 @@ from nodeagent.run.work import Deliver, PeersSeen
 MAX_RATE = 10.0  # probes a second per rail (R-Pingmesh's budget per RNIC)
 
 
-def round_period(peers: Peers) -> float:
+Listing = Mapping[str, tuple[PeerRef, ...]]  # rail -> the peers it probes
+
+
+def round_period(peers: Peers, listing: Listing) -> float:
     """Seconds between a rail's rounds: `interval`, or longer when its peers are many."""
-    most = max((len(p) for p in peers.static.values()), default=0)
+    most = max((len(p) for p in listing.values()), default=0)
     return max(peers.interval, most / MAX_RATE)
 
 
-def served_rails(peers: Peers, targets: Targets) -> dict[str, Served]:
-    """What the responder answers on: each ready rail that has peers, for those peers."""
-    return {rail: Served(target, frozenset(p.address for p in peers.static[rail]))
-            for rail, target in targets.ready.items() if peers.static.get(rail)}
+def merged_listing(peers: Peers, found: Discovered | None) -> dict[str, tuple[PeerRef, ...]]:
+    """The static peers, then the discovered ones not listed already (MAX_PEERS at most)."""
+    out = static_peers(peers)
+    for rail, more in (found.peers if found is not None else {}).items():
+        have = out.get(rail, ())
+        seen = {p.address for p in have}
+        out[rail] = (*have, *(p for p in more if p.address not in seen))[:MAX_PEERS]
+    return {rail: listed for rail, listed in out.items() if listed}
+
+
+def served_rails(cfg: Config, listing: Listing, targets: Targets) -> dict[str, Served]:
+    """What the responder answers on: each ready rail that has peers, for those peers;
+    with discovery every ready rail, for any address on the rail's own network (who probes
+    this node is each prober's choice, from cards this agent never lists)."""
+    peers = cfg.peers
+    discover = peers is not None and peers.discover
+    networks = {r.name: r.network for r in cfg.rails}
+    out = {}
+    for rail, target in targets.ready.items():
+        if not (listing.get(rail) or discover):
+            continue
+        nets = frozenset({IPv4Network(networks[rail])}) if discover and rail in networks \
+            else frozenset()
+        out[rail] = Served(target, frozenset(p.address for p in listing.get(rail, ())), nets)
+    return out
 
 
 class PeerProber(Periodic):
@@ -55,31 +81,37 @@ class PeerProber(Periodic):
         self._failing: dict[tuple[str, str], int] = {}  # failed probes in a row
         self._delivered_at = 0.0
         self._skipped: dict[str, str] = {}
+        # Each rail's peers (static, then discovered), set by the service; None until
+        # discovery has run once (static peers alone: from the start).
+        self.listing: Listing | None = None
+        self.short: dict[str, str] = {}  # rail -> why discovery found fewer than asked
+        self._listed: tuple[Listing, dict[str, str]] = ({}, {})
 
     def turn(self) -> float:
-        peers, targets = self.cfg.peers, self.targets
-        if peers is None or targets is None:
+        peers, targets, listing = self.cfg.peers, self.targets, self.listing
+        if peers is None or targets is None or listing is None:
             return 0.5
-        self._close_ends(keep={r: t for r, t in targets.ready.items() if peers.static.get(r)})
+        self._close_ends(keep={r: t for r, t in targets.ready.items() if listing.get(r)})
         probes: dict[str, tuple[PeerProbe, ...]] = {}
         for rail, target in targets.ready.items():
-            if self.halted or not peers.static.get(rail):
+            if self.halted or not listing.get(rail):
                 continue
-            probes[rail] = tuple(self._probe_rail(rail, target, peers, lambda: self.halted))
+            probes[rail] = tuple(self._probe_rail(rail, target, listing[rail], peers,
+                                                  lambda: self.halted))
         if not self.halted:
-            skipped = {r: why for r, why in targets.skipped.items() if peers.static.get(r)}
-            self._hand_over(probes, skipped, peers.window)
-        return round_period(peers)
+            skipped = {r: why for r, why in targets.skipped.items() if listing.get(r)}
+            self._hand_over(probes, skipped, peers.window, listing)
+        return round_period(peers, listing)
 
     def _hand_over(self, probes: dict[str, tuple[PeerProbe, ...]], skipped: dict[str, str],
-                   window: int) -> None:
+                   window: int, listing: Listing) -> None:
         """Deliver this round (with the quiet rounds before it) when an outcome changed or
         a failure counts towards a verdict (up to peers.failures in a row), else
         QUIET_DELIVERY after the last: a mesh that stays as it is costs the loop one pass
         every 10 s, not one a round, and a failure is still judged the round it happens."""
         for rail in [r for r in self._pending if r not in probes]:
             del self._pending[rail]  # skipped or gone: its batch with it
-        news = skipped != self._skipped
+        news = skipped != self._skipped or (listing, self.short) != self._listed
         failures = self.cfg.peers.failures if self.cfg.peers is not None else 1
         for rail, got in probes.items():
             self._pending.setdefault(rail, []).extend(got)
@@ -94,13 +126,14 @@ class PeerProber(Periodic):
         if not news and now - self._delivered_at < QUIET_DELIVERY:
             return
         batch = {rail: tuple(got) for rail, got in self._pending.items()}
-        self.deliver(PeersSeen(batch, skipped, window))
+        self.deliver(PeersSeen(batch, skipped, window, dict(listing), dict(self.short)))
         self._pending.clear()
         self._skipped = dict(skipped)
+        self._listed = (dict(listing), dict(self.short))
         self._delivered_at = now
 
-    def _probe_rail(self, rail: str, target: Target, peers: Peers,
-                    halted: Callable[[], bool]) -> list[PeerProbe]:
+    def _probe_rail(self, rail: str, target: Target, listed: tuple[PeerRef, ...],
+                    peers: Peers, halted: Callable[[], bool]) -> list[PeerProbe]:
         end = self._ends.get(rail)
         if end is None:
             end = RailEnd(target.device, target.port, target.gid_index, target.address)
@@ -111,10 +144,10 @@ class PeerProber(Periodic):
                     f"this node's RDMA device: {exc}"
                 now = time.monotonic()
                 return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL, why, at=now)
-                        for p in peers.static[rail]]
+                        for p in listed]
             self._ends[rail] = end
         out = []
-        for p in peers.static[rail]:
+        for p in listed:
             if halted():
                 break
             out.append(probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
@@ -145,15 +178,27 @@ def _responder(peers: Peers) -> Responder:
     return Responder(peers.port, hold=_hold(peers))
 
 
-class PeerService:
-    """The source: a responder and a prober, started and stopped together."""
+def _discovers(cfg: Config) -> bool:
+    return cfg.peers is not None and cfg.peers.discover and cfg.kubernetes is not None
 
-    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+
+class PeerService:
+    """The source: a responder, a prober and (with `peers.discover`) the discovery thread,
+    started and stopped together."""
+
+    def __init__(self, cfg: Config, deliver: Deliver,
+                 discovery: Callable[[Config, Callable[[Discovered], None]],
+                                     PeerDiscovery] = PeerDiscovery) -> None:
         peers = cfg.peers
         assert peers is not None
         self.cfg = cfg
         self.responder = _responder(peers)
         self.prober = PeerProber(cfg, deliver)
+        self._new_discovery = discovery
+        self.discovery: PeerDiscovery | None = None
+        self.found: Discovered | None = None
+        self._started = False
+        self._relist()
 
     @property
     def targets(self) -> Targets | None:
@@ -161,16 +206,44 @@ class PeerService:
 
     @targets.setter
     def targets(self, targets: Targets) -> None:
-        peers = self.cfg.peers
-        self.responder.serve(served_rails(peers, targets) if peers is not None else {})
         first = self.prober.targets is None
         self.prober.targets = targets
+        self._serve()
+        if first:
+            self.prober.wake()
+
+    def _serve(self) -> None:
+        targets, listing = self.prober.targets, self.prober.listing
+        if targets is not None:
+            self.responder.serve(served_rails(self.cfg, listing or {}, targets))
+
+    def _relist(self) -> None:
+        """The prober's peers from the config and the last discovery; until discovery has
+        run, only the static peers of a config that discovers none are a whole listing."""
+        peers = self.cfg.peers
+        if peers is None:
+            return
+        if _discovers(self.cfg) and self.found is None:
+            self.prober.listing = None
+            self.prober.short = {}
+            return
+        self.prober.listing = merged_listing(peers, self.found if peers.discover else None)
+        self.prober.short = dict(self.found.short) if self.found and peers.discover else {}
+
+    def _discovered(self, found: Discovered) -> None:
+        """From the discovery thread: the new peers reach the prober and the responder."""
+        first = self.found is None
+        self.found = found
+        self._relist()
+        self._serve()
         if first:
             self.prober.wake()
 
     def reconfigure(self, cfg: Config) -> None:
         """A reload: the prober takes the new config at its next round; a new port or
-        timeout gets a new responder (its listeners cannot move)."""
+        timeout gets a new responder (its listeners cannot move); discovery starts, stops
+        or runs again at once with the new settings."""
+        old = self.cfg
         self.cfg = cfg
         self.prober.cfg = cfg
         peers = cfg.peers
@@ -180,13 +253,33 @@ class PeerService:
             self.responder.join(timeout=5)
             self.responder = _responder(peers)
             self.responder.start()
-        if self.prober.targets is not None:
-            self.targets = self.prober.targets
+        self._sync_discovery(old)
+        self._relist()
+        self._serve()
+
+    def _sync_discovery(self, old: Config | None) -> None:
+        want = _discovers(self.cfg)
+        if want and self.discovery is None:
+            self.discovery = self._new_discovery(self.cfg, self._discovered)
+            if self._started:
+                self.discovery.start()
+        elif not want and self.discovery is not None:
+            self.discovery.stop()
+            self.discovery = None
+            self.found = None
+        elif self.discovery is not None:
+            self.discovery.cfg = self.cfg
+            if old is not None and (old.peers, old.rails) != (self.cfg.peers, self.cfg.rails):
+                self.discovery.wake()
 
     def start(self) -> None:
+        self._started = True
+        self._sync_discovery(None)
         self.responder.start()
         self.prober.start()
 
     def stop(self) -> None:
         self.prober.stop()
         self.responder.stop()
+        if self.discovery is not None:
+            self.discovery.stop()

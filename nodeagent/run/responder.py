@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes
@@ -59,6 +60,17 @@ class Served:
 
     target: Target
     peers: frozenset[str]  # the addresses it answers
+    # and any address on these (with discovery: the rail's own network)
+    networks: frozenset[IPv4Network] = frozenset()
+
+    def answers(self, address: str) -> bool:
+        if address in self.peers:
+            return True
+        try:
+            ip = IPv4Address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in self.networks)
 
 
 @dataclass
@@ -226,7 +238,7 @@ class Responder(threading.Thread):
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _refusal(self, rail: _Rail, peer: str) -> Refusal | None:
-        if peer not in rail.served.peers:
+        if not rail.served.answers(peer):
             return Refusal.UNKNOWN_PEER
         if len(self._conns) >= MAX_CONNECTIONS:
             return Refusal.BUSY

@@ -24,6 +24,7 @@ from nodeagent.model import (
     DevicePluginObservation,
     GidTable,
     LustreObservation,
+    PeerRef,
     Pin,
     PortHealth,
     QueuePairs,
@@ -55,6 +56,10 @@ class FactStore:
     transport_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
     peer_history: PeerHistory = field(default_factory=PeerHistory)  # each peer's probes
     peers_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
+    # Each rail's peers as the prober last listed them (static, then discovered); None
+    # before its first round. And why discovery found fewer than peers.sample.
+    peers_listed: dict[str, tuple[PeerRef, ...]] | None = None
+    peers_short: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
     reads: BoundedReads = field(default_factory=BoundedReads)  # driver reads off-thread
 
@@ -94,6 +99,8 @@ class FactStore:
     def observe_peers(self, seen: PeersSeen) -> None:
         self.peer_history.observe_round(seen.probes, seen.skipped, seen.window)
         self.peers_skipped = dict(seen.skipped)
+        self.peers_listed = dict(seen.listed)
+        self.peers_short = dict(seen.short)
 
 
 class PinKeeper:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         KernelEvent,
         LustreObservation,
         PeerProbe,
+        PeerRef,
         TransportResult,
     )
 
@@ -86,6 +87,8 @@ class PeersSeen:
     probes: dict[str, tuple[PeerProbe, ...]]  # by rail, this round's probes of its peers
     skipped: dict[str, str]  # rail -> why it was not probed
     window: int = 60  # how many of each peer's probes are judged (peers.window)
+    listed: dict[str, tuple[PeerRef, ...]] = field(default_factory=dict)  # rail -> its peers
+    short: dict[str, str] = field(default_factory=dict)  # rail -> why discovery found fewer
 
 
 @dataclass(frozen=True)

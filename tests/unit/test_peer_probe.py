@@ -15,7 +15,13 @@ from pyverbs.addr import GID
 from nodeagent.checks.conditions import judge_all
 from nodeagent.checks.facts import Facts
 from nodeagent.checks.gid import gid_finding
-from nodeagent.checks.peers import PeerHistory, peer_stats, peers_finding, rail_peer_stats
+from nodeagent.checks.peers import (
+    PeerHistory,
+    peer_stats,
+    peers_finding,
+    rail_peer_stats,
+    static_peers,
+)
 from nodeagent.config import ConfigError, parse_config
 from nodeagent.model import (
     FABRIC_READY,
@@ -153,16 +159,16 @@ def test_a_peer_twice_or_too_many_peers_are_refused() -> None:
 
 
 def test_a_rail_with_many_peers_stretches_its_round_to_ten_probes_a_second() -> None:
-    assert round_period(CFG.peers) == 1.0  # type: ignore[arg-type]
+    assert round_period(CFG.peers, static_peers(CFG.peers)) == 1.0  # type: ignore[arg-type]
     many = parse_config({"rails": RAILS, "peers": {"static": {
         "rail0": [{"address": f"10.10.1.{i}"} for i in range(1, 41)]}}})
-    assert round_period(many.peers) == 4.0  # type: ignore[arg-type]
+    assert round_period(many.peers, static_peers(many.peers)) == 4.0  # type: ignore[arg-type]
 
 
 def test_the_responder_serves_ready_rails_with_peers_for_those_peers_only() -> None:
     t = Target("rxe0", 1, 1, "10.10.0.5")
-    got = served_rails(CFG.peers, Targets({"rail0": t},  # type: ignore[arg-type]
-                                          {"rail1": "its GID is off its pinned index"}))
+    got = served_rails(CFG, static_peers(CFG.peers), Targets(
+        {"rail0": t}, {"rail1": "its GID is off its pinned index"}))
     assert got.keys() == {"rail0"}
     assert got["rail0"].peers == {"10.10.0.6", "10.10.0.7"}
 
@@ -198,7 +204,8 @@ HEALTHY = {"10.10.0.6": OK, "10.10.0.7": OK, "10.11.0.6": OK}
 
 def judged(h: PeerHistory, now: float = 103.0, skipped: dict[str, str] | None = None,
            cfg=CFG):  # type: ignore[no-untyped-def]
-    return peers_finding(cfg, rail_peer_stats(cfg.peers, h), skipped or {}, now)
+    return peers_finding(cfg, rail_peer_stats(cfg.peers, static_peers(cfg.peers), h),
+                         skipped or {}, now)
 
 
 def test_every_peer_reached_is_true_with_the_rtt() -> None:
@@ -253,7 +260,8 @@ def test_a_peer_that_tcp_does_not_reach_is_unknown_and_never_taints() -> None:
     assert (f.status, f.reason) == ("Unknown", "PeerNotResponding")
     assert "do not answer on TCP either" in f.message
     facts = Facts(now=103.0, gid=gid_finding(GATED, GidTable(source="sysfs"), {}),
-                  peer_stats=rail_peer_stats(GATED.peers, h))  # type: ignore[arg-type]
+                  peer_stats=rail_peer_stats(GATED.peers,  # type: ignore[arg-type]
+                                             static_peers(GATED.peers), h))
     out = {x.type: x for x in judge_all(GATED, facts)}
     assert out[RDMA_PEERS_REACHABLE].reason == "PeerNotResponding"
     assert "RDMAPeersReachable" not in out[FABRIC_READY].message  # gated, yet no taint
@@ -263,7 +271,8 @@ def test_a_roce_failure_gated_holds_fabric_ready() -> None:
     bad = {**HEALTHY, "10.10.0.7": ROCE}
     h = history(bad, bad)
     facts = Facts(now=103.0, gid=gid_finding(GATED, GidTable(source="sysfs"), {}),
-                  peer_stats=rail_peer_stats(GATED.peers, h))  # type: ignore[arg-type]
+                  peer_stats=rail_peer_stats(GATED.peers,  # type: ignore[arg-type]
+                                             static_peers(GATED.peers), h))
     out = {x.type: x for x in judge_all(GATED, facts)}
     assert "RDMAPeersReachable=False (PeerUnreachable)" in out[FABRIC_READY].message
 
@@ -309,7 +318,7 @@ def test_each_peer_is_in_the_status_and_the_metrics() -> None:
 
     h = history(HEALTHY, {**HEALTHY, "10.10.0.7": ROCE}, {**HEALTHY, "10.10.0.7": ROCE},
                 errors={"10.10.0.7": "retry exceeded error"})
-    stats = rail_peer_stats(CFG.peers, h)  # type: ignore[arg-type]
+    stats = rail_peer_stats(CFG.peers, static_peers(CFG.peers), h)  # type: ignore[arg-type]
     report = Report(node="n", findings=[], rails=[
         RailStatus("rail0", "r0", peers=stats["rail0"]),
         RailStatus("rail1", "r1", peers=stats["rail1"])])
@@ -336,9 +345,10 @@ def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> No
 
     got: list[PeersSeen] = []
     prober = PeerProber(CFG, got.append)  # type: ignore[arg-type]
+    listing = static_peers(CFG.peers)
 
     def round_of(outcome: PeerOutcome, n: float) -> None:
-        prober._hand_over({"rail0": (probe("10.10.0.6", outcome, at=n),)}, {}, 60)
+        prober._hand_over({"rail0": (probe("10.10.0.6", outcome, at=n),)}, {}, 60, listing)
 
     round_of(OK, 0)  # the first round: news
     round_of(OK, 1)  # quiet: kept
@@ -356,7 +366,8 @@ def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> No
     prober._delivered_at -= 11  # QUIET_DELIVERY has passed since the last hand-over
     round_of(OK, 7)
     assert len(got) == 5 and [p.at for p in got[-1].probes["rail0"]] == [6.0, 7.0]
-    prober._hand_over({}, {"rail0": "its GID is off its pinned index"}, 60)  # skipped: news
+    prober._hand_over({}, {"rail0": "its GID is off its pinned index"}, 60,
+                      listing)  # skipped: news
     assert got[-1].skipped == {"rail0": "its GID is off its pinned index"}
 
 

@@ -1,0 +1,179 @@
+"""What an agent publishes on its own Lease for its peers and for the fleet's mesh view, and
+how it is read back: labels to find peers by, a card (rails and responder port) and the
+prober's verdict per peer. Read from other agents' Leases, so every parser takes any shape
+and returns None or skips what it cannot read, never raises.
+
+Labels (selectable by the API server, so a peer sample costs a bounded list):
+- `ring.nodeagent.io/p1`, `p2`, `p3`: the first 1, 2 and 3 hex digits of sha256(node name),
+  groups of about 1/16, 1/256 and 1/4096 of the fleet (run/discovery.py lists the finest
+  group that holds enough peers);
+- `net.nodeagent.io/<network>` (e.g. `10.10.1.0-24`), one per rail: the fallback list of
+  every agent on one rail network, for a network too small for any group.
+Annotations:
+- `nodeagent.io/peer-card`: `{"port": 18600, "rails": {"rail0": "10.10.0.5/24", ...}}`;
+- `nodeagent.io/peer-mesh`: `{"rail0": {"10.10.0.6": "ok", "10.10.0.7": "roce"}, ...}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from nodeagent.kube.fields import timestamp
+from nodeagent.model import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats, RailStatus
+
+RING = "ring.nodeagent.io/p"
+NET = "net.nodeagent.io/"
+CARD = "nodeagent.io/peer-card"
+MESH = "nodeagent.io/peer-mesh"
+RING_LEVELS = (3, 2, 1)  # hex digits of the group label, finest first
+LEASE_PREFIX = "nodeagent-"
+MAX_ANNOTATION = 64 << 10  # a card or mesh larger than this is someone else's mischief
+MAX_RAILS = 64
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_RAIL = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,62}")
+
+
+def ring_hash(node: str) -> str:
+    return hashlib.sha256(node.encode()).hexdigest()
+
+
+def ring_label(level: int) -> str:
+    return f"{RING}{level}"
+
+
+def net_label(network: str) -> str:
+    """`10.10.1.0/24` -> `net.nodeagent.io/10.10.1.0-24` (a label name has no '/')."""
+    return NET + network.replace("/", "-")
+
+
+def card_labels(card: PeerCard) -> dict[str, str]:
+    h = ring_hash(card.node)
+    labels = {ring_label(level): h[:level] for level in RING_LEVELS}
+    labels.update({net_label(r.network): "" for r in card.rails})
+    return labels
+
+
+def card_annotation(card: PeerCard) -> str:
+    return json.dumps({"port": card.port,
+                       "rails": {r.name: f"{r.address}/{_prefix(r.network)}"
+                                 for r in card.rails}},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def _prefix(network: str) -> int:
+    return ipaddress.IPv4Network(network).prefixlen
+
+
+def mesh_verdict(stats: PeerStats) -> MeshVerdict:
+    """One peer's verdict, as the condition sees it: failing by its latest outcome, else
+    ok once reached, else pending."""
+    if stats.failing:
+        return {PeerOutcome.ROCE_FAILED: MeshVerdict.ROCE,
+                PeerOutcome.MTU_FAILED: MeshVerdict.MTU,
+                PeerOutcome.NO_RESPONDER: MeshVerdict.SILENT,
+                PeerOutcome.REFUSED: MeshVerdict.REFUSED,
+                PeerOutcome.LOCAL: MeshVerdict.LOCAL}.get(stats.last.outcome, MeshVerdict.ROCE)
+    if stats.failing_for == stats.probes:
+        return MeshVerdict.PENDING
+    return MeshVerdict.OK
+
+
+def mesh_annotation(rails: Iterable[RailStatus]) -> str:
+    return json.dumps({r.name: {p.address: str(mesh_verdict(p)) for p in r.peers}
+                       for r in rails if r.peers},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus]) -> tuple[
+        dict[str, str], dict[str, str]]:
+    """The labels and annotations of the agent's Lease: none without a card."""
+    if card is None:
+        return {}, {}
+    return card_labels(card), {CARD: card_annotation(card), MESH: mesh_annotation(rails)}
+
+
+# ---------------------------------------------------------------- reading them back
+
+
+def _obj(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _json(text: Any) -> Mapping[str, Any]:
+    if not isinstance(text, str) or len(text) > MAX_ANNOTATION:
+        return {}
+    try:
+        return _obj(json.loads(text))
+    except ValueError:
+        return {}
+
+
+def lease_node(lease: Any) -> str | None:
+    """The node an agent's Lease is for (`nodeagent-<node>`), or None."""
+    name = _obj(_obj(lease).get("metadata")).get("name")
+    if not isinstance(name, str) or not name.startswith(LEASE_PREFIX):
+        return None
+    node = name[len(LEASE_PREFIX):]
+    return node if _NAME.fullmatch(node) else None
+
+
+def lease_live(lease: Any, now: float) -> bool:
+    """Whether the agent renewed its Lease within the duration it promised (a gone agent's
+    card stays behind: probing it would only say PeerNotResponding)."""
+    spec = _obj(_obj(lease).get("spec"))
+    renewed = timestamp(spec.get("renewTime") if isinstance(spec.get("renewTime"), str)
+                        else None)
+    hold = spec.get("leaseDurationSeconds")
+    if renewed is None or not isinstance(hold, int) or isinstance(hold, bool) or hold <= 0:
+        return False
+    return now <= renewed + hold
+
+
+def parse_card(lease: Any) -> PeerCard | None:
+    """The card on another agent's Lease; None when it has none or it does not parse.
+    Rails with an address that is not a host's IPv4 address are left out."""
+    node = lease_node(lease)
+    doc = _json(_obj(_obj(_obj(lease).get("metadata")).get("annotations")).get(CARD))
+    port = doc.get("port")
+    if node is None or not isinstance(port, int) or isinstance(port, bool) \
+            or not 0 < port < 65536:
+        return None
+    rails = []
+    for name, value in list(_obj(doc.get("rails")).items())[:MAX_RAILS]:
+        if not isinstance(value, str) or not _RAIL.fullmatch(name):
+            continue
+        try:
+            iface = ipaddress.IPv4Interface(value)
+        except ValueError:
+            continue
+        ip = iface.ip
+        if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_reserved:
+            continue
+        rails.append(CardRail(name, str(ip), str(iface.network)))
+    return PeerCard(node, port, tuple(rails)) if rails else None
+
+
+def parse_mesh(lease: Any) -> dict[str, dict[str, MeshVerdict]]:
+    """The prober's verdicts on another agent's Lease: rail -> peer address -> verdict;
+    what does not parse is left out."""
+    doc = _json(_obj(_obj(_obj(lease).get("metadata")).get("annotations")).get(MESH))
+    words = {str(v): v for v in MeshVerdict}
+    out: dict[str, dict[str, MeshVerdict]] = {}
+    for rail, peers in list(doc.items())[:MAX_RAILS]:
+        if not _RAIL.fullmatch(rail):
+            continue
+        got = {}
+        for address, verdict in list(_obj(peers).items())[:256]:
+            try:
+                ipaddress.IPv4Address(address)
+            except ValueError:
+                continue
+            if isinstance(verdict, str) and verdict in words:
+                got[address] = words[verdict]
+        out[rail] = got
+    return out
