@@ -20,6 +20,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nodeagent.cli.mesh import (
+    PeerCount,
+    mesh_cells,
+    mesh_document,
+    peer_counts,
+    peers_text,
+    render_grid,
+    suspects,
+)
 from nodeagent.config import parse_duration
 from nodeagent.io.files import printable
 from nodeagent.kube.fields import quantity, timestamp
@@ -53,6 +62,8 @@ class FleetRow:
     capacity: int
     allocatable: int
     flags: list[str] = field(default_factory=list)
+    # rail -> its peers passing and probed, from the node's own probes (its Lease)
+    peers: dict[str, PeerCount] = field(default_factory=dict)
 
 
 def _obj(value: Any) -> Mapping[str, Any]:
@@ -89,6 +100,8 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
                 holds[name[len("nodeagent-"):]] = float(duration)
     rows = []
     firmware: dict[str, tuple[str, str]] = {}  # node -> (HCA type, firmware) from labels
+    cells = mesh_cells(leases)
+    counts, suspect = peer_counts(cells), suspects(cells)
     for raw in nodes:
         node = _obj(raw)
         name = _str(_obj(node.get("metadata")).get("name"))
@@ -114,6 +127,9 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
             row.flags.append("agent-stale" if renew is not None else "no-agent")
         if row.capacity == 0 or row.allocatable == 0:
             row.flags.append("no-rdma")
+        row.peers = counts.get(name, {})
+        if name in suspect:
+            row.flags.append("peer-suspect")
         changed = timestamp(since)
         if row.tainted and changed is not None and now - changed > taint_older:
             row.flags.append("taint-old")
@@ -151,7 +167,7 @@ def _age(seconds: float | None) -> str:
 
 def render_table(rows: list[FleetRow], now: float, wide: bool = False,
                  color: bool = False) -> str:
-    head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA"]
+    head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS"]
     if wide:
         head[3:3] = [SHORT[t] for t in COLUMNS]
     head.append("FLAGS")
@@ -161,7 +177,8 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
         line = [r.node, r.fabric, r.reason or "-",
                 r.taint_reason if r.tainted else "-",
                 _age(None if since is None else now - since), _age(r.heartbeat_age),
-                f"{r.allocatable}/{r.capacity}"]
+                f"{r.allocatable}/{r.capacity}",
+                peers_text(r.peers, per_rail=wide)]
         if wide:
             line[3:3] = [(r.conditions.get(t, {}).get("status") or "-")
                          + (f" {r.conditions[t]['reason']}"
@@ -193,6 +210,18 @@ def render(rows: list[FleetRow], output: str, now: float, color: bool,
         return "".join(f"node/{printable(r.node)}\n" for r in rows)
     table = render_table(rows, now, wide=output == "wide", color=color)
     return table if headers else table.split("\n", 1)[1]
+
+
+def render_mesh(leases: Iterable[Any], rail: str | None, output: str, color: bool) -> str:
+    cells = mesh_cells(leases)
+    if output in ("json", "yaml"):
+        doc = mesh_document(cells, rail)
+        if output == "yaml":
+            import yaml
+
+            return str(yaml.safe_dump(doc, sort_keys=False))
+        return json.dumps(doc, indent=2) + "\n"
+    return render_grid(cells, rail, color)
 
 
 # ---------------------------------------------------------------- reading the API
@@ -253,6 +282,10 @@ class FleetSource:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("view", nargs="?", choices=["nodes", "mesh"], default="nodes",
+                   help="nodes (the default): one row a node; mesh: the peer probes' "
+                   "prober x target matrix, from the agents' Leases")
+    p.add_argument("--rail", help="mesh: this rail only (default: each rail in turn)")
     p.add_argument("--kubeconfig", help="kubeconfig, found as kubectl does: this flag, else "
                    "the first existing file in $KUBECONFIG, else ~/.kube/config, else the "
                    "in-cluster service account")
@@ -289,13 +322,23 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
     # Colour on a terminal only, and never with NO_COLOR set (no-color.org).
     color = bool(getattr(out, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
 
+    view = getattr(args, "view", "nodes")
+    if view == "mesh" and args.output not in ("table", "json", "yaml"):
+        print(f"fleet: mesh is drawn as a table, json or yaml, not {args.output}",
+              file=sys.stderr)
+        return 2
+
     def draw(nodes: list[dict[str, Any]], leases: list[dict[str, Any]]) -> None:
         now = time.time()
-        rows = fleet_rows(nodes, leases, args.resource, args.taint_key, now,
-                          args.stale_after, args.taint_older)
+        if view == "mesh":
+            text = render_mesh(leases, getattr(args, "rail", None), args.output, color)
+        else:
+            rows = fleet_rows(nodes, leases, args.resource, args.taint_key, now,
+                              args.stale_after, args.taint_older)
+            text = render(rows, args.output, now, color, headers=not args.no_headers)
         if args.watch and color:
             out.write("\033[H\033[J")  # redraw in place on a terminal
-        out.write(render(rows, args.output, now, color, headers=not args.no_headers))
+        out.write(text)
         out.flush()
 
     if not args.watch:

@@ -1,0 +1,160 @@
+"""The fleet's peer mesh, from what the agents publish on their Leases (kube/peercard.py):
+each prober's verdict per peer, mapped to node names by the peers' cards. Never from
+condition messages.
+
+`kubectl fabric` shows per node and rail how many of its peers pass, and flags a node as
+`peer-suspect` on a rail when most nodes that probe it fail over RoCE while they pass with
+their other peers (Pingmesh's localisation: the fault is at the probed node, not at its
+probers). `kubectl fabric mesh` draws the prober x target matrix of one rail or all.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.io.files import printable
+from nodeagent.kube.peercard import lease_node, parse_card, parse_mesh
+from nodeagent.model import MeshVerdict
+
+FAULTS = (MeshVerdict.ROCE, MeshVerdict.MTU)
+# One letter a verdict (readable without colour), and its colour on a terminal.
+CELL = {MeshVerdict.OK: ("o", "32"), MeshVerdict.ROCE: ("X", "1;31"),
+        MeshVerdict.MTU: ("M", "1;31"), MeshVerdict.SILENT: ("?", "33"),
+        MeshVerdict.REFUSED: ("R", "33"), MeshVerdict.LOCAL: ("L", "35"),
+        MeshVerdict.PENDING: (".", "2")}
+LEGEND = ("o ok, X RoCE fails while TCP reaches the peer, M fails at the path MTU, "
+          "? no responder (agent down), R refused, L prober cannot probe, . not reached yet, "
+          "blank: not probed")
+
+
+@dataclass(frozen=True)
+class MeshCell:
+    rail: str  # the prober's rail
+    prober: str  # node
+    target: str  # node, or the address when no card names it
+    verdict: MeshVerdict
+
+
+def mesh_cells(leases: Iterable[Any]) -> list[MeshCell]:
+    """Every prober's verdict on every peer it published, targets named by their cards."""
+    leases = list(leases)
+    owner: dict[str, str] = {}  # rail address -> node
+    for lease in leases:
+        card = parse_card(lease)
+        if card is None:
+            continue
+        for end in card.rails:
+            owner.setdefault(end.address, card.node)
+    cells: list[MeshCell] = []
+    for lease in leases:
+        prober = lease_node(lease)
+        if prober is None:
+            continue
+        for rail, peers in parse_mesh(lease).items():
+            cells.extend(MeshCell(rail, prober, owner.get(address, address), verdict)
+                         for address, verdict in peers.items())
+    return cells
+
+
+@dataclass(frozen=True)
+class PeerCount:
+    passing: int
+    probed: int
+
+    def __str__(self) -> str:
+        return f"{self.passing}/{self.probed}"
+
+
+def peer_counts(cells: Iterable[MeshCell]) -> dict[str, dict[str, PeerCount]]:
+    """node -> rail -> its peers passing and probed, from the node's own probes."""
+    out: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for c in cells:
+        got = out[c.prober][c.rail]
+        got[0] += c.verdict == MeshVerdict.OK
+        got[1] += 1
+    return {n: {r: PeerCount(v[0], v[1]) for r, v in sorted(rails.items())}
+            for n, rails in out.items()}
+
+
+def suspects(cells: Iterable[MeshCell]) -> dict[str, list[str]]:
+    """node -> the rails on which it is suspect: two or more nodes probe it there, most of
+    them fail over RoCE, and those that fail pass with most of their other peers."""
+    cells = list(cells)
+    elsewhere: dict[tuple[str, str], list[MeshVerdict]] = defaultdict(list)
+    for c in cells:
+        elsewhere[(c.prober, c.rail)].append(c.verdict)
+    by_target: dict[tuple[str, str], list[MeshCell]] = defaultdict(list)
+    for c in cells:
+        by_target[(c.target, c.rail)].append(c)
+    out: dict[str, list[str]] = defaultdict(list)
+    for (target, rail), probes in sorted(by_target.items()):
+        failing = [c for c in probes if c.verdict in FAULTS]
+        if len(probes) < 2 or 2 * len(failing) <= len(probes):
+            continue
+        healthy = 0
+        for c in failing:
+            others = list(elsewhere[(c.prober, rail)])
+            others.remove(c.verdict)
+            if others and 2 * sum(v == MeshVerdict.OK for v in others) >= len(others):
+                healthy += 1
+        if 2 * healthy > len(failing):
+            out[target].append(rail)
+    return dict(out)
+
+
+def _order(cells: list[MeshCell]) -> list[str]:
+    return sorted({c.prober for c in cells} | {c.target for c in cells})
+
+
+def render_grid(cells: list[MeshCell], rail: str | None, color: bool) -> str:
+    """The matrix of one rail (or each rail in turn): rows are probers, columns targets
+    (numbered as the rows), a letter a cell (LEGEND)."""
+    rails = sorted({c.rail for c in cells}) if rail is None else [rail]
+    if not cells or (rail is not None and not any(c.rail == rail for c in cells)):
+        return f"no peer results published{f' for rail {printable(rail)}' if rail else ''}\n"
+    blocks = []
+    for r in rails:
+        mine = [c for c in cells if c.rail == r]
+        nodes = _order(mine)
+        index = {n: i for i, n in enumerate(nodes)}
+        grid: dict[tuple[int, int], MeshVerdict] = {
+            (index[c.prober], index[c.target]): c.verdict for c in mine}
+        width = max(len(str(len(nodes) - 1)), 1)
+        name_w = max(len(printable(n)) for n in nodes)
+        head = " " * (width + name_w + 2) + " ".join(
+            str(i).rjust(width) for i in range(len(nodes)))
+        lines = [f"rail {printable(r)} (rows probe columns)", head]
+        for i, node in enumerate(nodes):
+            row = []
+            for j in range(len(nodes)):
+                verdict = grid.get((i, j))
+                letter, code = CELL[verdict] if verdict is not None else (" ", "")
+                cell = letter.rjust(width)
+                row.append(f"\033[{code}m{cell}\033[0m" if color and code else cell)
+            lines.append(f"{str(i).rjust(width)} {printable(node).ljust(name_w)} "
+                         + " ".join(row))
+        blocks.append("\n".join(line.rstrip() for line in lines))
+    return "\n\n".join(blocks) + "\n\n" + LEGEND + "\n"
+
+
+def mesh_document(cells: list[MeshCell], rail: str | None) -> dict[str, Any]:
+    """The same matrix as data: a v1 List of prober/target/rail/verdict items."""
+    return {"apiVersion": "v1", "kind": "List", "metadata": {},
+            "items": [{"rail": c.rail, "prober": c.prober, "target": c.target,
+                       "verdict": str(c.verdict)}
+                      for c in sorted(cells, key=lambda c: (c.rail, c.prober, c.target))
+                      if rail is None or c.rail == rail]}
+
+
+def peers_text(counts: Mapping[str, PeerCount], per_rail: bool = False) -> str:
+    """A node's peers column: passing/probed over all its rails (or each rail's), '-'
+    when it publishes none."""
+    if not counts:
+        return "-"
+    if per_rail:
+        return " ".join(f"{printable(r)}:{c}" for r, c in counts.items())
+    return str(PeerCount(sum(c.passing for c in counts.values()),
+                         sum(c.probed for c in counts.values())))
