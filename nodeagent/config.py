@@ -489,6 +489,8 @@ class Peers(_Strict):
     interval: Interval = 1.0  # each peer probed this often (at most 10 probes/s per rail)
     timeout: Timeout = 1.0  # one probe of one peer: TCP setup and every RDMA read
     reads: int = Field(default=5, ge=1, le=1000)  # small reads per probe (the RTT sample)
+    # every this many probes of a peer, a bandwidth sample (128 KiB of reads); 0: never
+    bandwidth_every: int = Field(default=60, ge=0, le=1_000_000)
     window: int = Field(default=60, ge=2, le=10_000)  # probes kept per peer (RTT, loss)
     failures: int = Field(default=2, ge=1, le=100)  # failed probes in a row: a failing peer
     max_rtt: Duration = 0.01  # PeerLatencyHigh when a peer's RTT p99 is above this

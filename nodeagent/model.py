@@ -438,6 +438,7 @@ class PeerProbe:
     rtt_us: tuple[float, ...] = ()  # each small read, in order
     mtu: int | None = None  # the path MTU the QP used (bytes), once set up
     at: float = 0.0  # when it ran (monotonic)
+    bandwidth_gbps: float | None = None  # the bandwidth sample, on the probes that take it
 
     @property
     def label(self) -> str:
@@ -458,6 +459,7 @@ class PeerStats:
     rtt_p99_us: float | None = None
     totals: Mapping[str, int] = field(default_factory=dict)  # by outcome, since the start
     failing: bool = False  # failing_for reached peers.failures
+    bandwidth_gbps: float | None = None  # the latest bandwidth sample in the window
 
     @property
     def loss(self) -> float:
@@ -468,7 +470,8 @@ class PeerStats:
                 "error": self.last.error, "failing_for": self.failing_for,
                 "failing": self.failing, "probes": self.probes, "loss": round(self.loss, 4),
                 "mtu": self.last.mtu,
-                "rtt_p50_us": self.rtt_p50_us, "rtt_p99_us": self.rtt_p99_us}
+                "rtt_p50_us": self.rtt_p50_us, "rtt_p99_us": self.rtt_p99_us,
+                "bandwidth_gbps": self.bandwidth_gbps}
 
 
 @dataclass(frozen=True)

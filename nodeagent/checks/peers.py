@@ -85,9 +85,11 @@ def peer_stats(probes: list[PeerProbe], failures: int = 1,
     rtts = sorted(r for p in probes if p.outcome == PeerOutcome.OK for r in p.rtt_us)
     p50 = statistics.median(rtts) if rtts else None
     p99 = rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] if rtts else None
+    sampled = next((p.bandwidth_gbps for p in reversed(probes)
+                    if p.bandwidth_gbps is not None), None)
     return PeerStats(last.address, last.node, last, failing, len(probes),
                      sum(1 for p in probes if p.outcome != PeerOutcome.OK), p50, p99,
-                     dict(totals or {}), failing >= failures)
+                     dict(totals or {}), failing >= failures, sampled)
 
 
 def static_peers(peers: Peers | None) -> dict[str, tuple[PeerRef, ...]]:

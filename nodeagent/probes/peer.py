@@ -7,8 +7,9 @@ the peer's QP with an explicit source GID index, the pinned one, so the probe te
 jobs use. The reads need nothing from the responder's CPU (one-sided): `reads` small ones
 timed one by one (the RTT), then one of the path MTU, whose reply fills a frame; a path
 that drops full-size RoCE frames (a switch port at 1500 behind hosts at 4200) fails there
-alone. The TCP connection lives while the QP does, so its success is the proof that "TCP
-reaches them" when RDMA does not.
+alone. Now and then (`peers.bandwidth_every`) a bandwidth sample follows: 32 reads of the
+whole buffer, 4 in flight. The TCP connection lives while the QP does, so its success is
+the proof that "TCP reaches them" when RDMA does not.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ from nodeagent.probes.transport import (
 
 SMALL = 64  # bytes per RTT read
 BUFFER = 4096  # what a responder lends for reads: the largest IB MTU
+# The bandwidth sample: this many reads of the whole buffer, DEPTH in flight (128 KiB a
+# sample). A sanity figure (a path whose full-size transfers crawl: PFC pauses, a
+# renegotiated link), not the link's capacity, which only a longer transfer measures.
+SAMPLE_READS = 32
+DEPTH = 4
 
 
 def mtu_bytes(ibv_mtu: int) -> int:
@@ -205,15 +211,47 @@ def _read(end: RailEnd, qp: Any, accept: Accept, size: int, wr_id: int,
             raise _Failed(PeerOutcome.ROCE_FAILED, "no completion by the deadline")
 
 
+def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: float
+               ) -> float:
+    """SAMPLE_READS reads of the responder's whole buffer, DEPTH at a time: Gbit/s."""
+    import pyverbs.enums as e
+    from pyverbs.wr import SGE, SendWR
+
+    size = accept.length
+    posted = done = 0
+    t0 = time.perf_counter()
+    while done < SAMPLE_READS:
+        while posted < SAMPLE_READS and posted - done < DEPTH:
+            wr = SendWR(wr_id=first_id + posted, opcode=e.IBV_WR_RDMA_READ, num_sge=1,
+                        sg=[SGE(end.mr.buf, size, end.mr.lkey)],
+                        send_flags=e.IBV_SEND_SIGNALED)
+            wr.set_wr_rdma(accept.rkey, accept.addr)
+            qp.post_send(wr)
+            posted += 1
+        n, wcs = end.cq.poll(DEPTH)
+        for wc in wcs[:n]:
+            if wc.qp_num != qp.qp_num or not first_id <= wc.wr_id < first_id + posted:
+                continue
+            if wc.status != 0:
+                raise _Failed(PeerOutcome.ROCE_FAILED, completion_status(wc.status))
+            done += 1
+        if n == 0 and time.monotonic() > deadline:
+            raise _Failed(PeerOutcome.ROCE_FAILED, "bandwidth sample: no completion by the "
+                          "deadline")
+    return SAMPLE_READS * size * 8 / (time.perf_counter() - t0) / 1e9
+
+
 def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: int,
-               reads: int, timeout: float) -> PeerProbe:
-    """One probe of one peer through an opened RailEnd; never raises."""
+               reads: int, timeout: float, bandwidth: bool = False) -> PeerProbe:
+    """One probe of one peer through an opened RailEnd, with the bandwidth sample when
+    asked; never raises."""
     started = time.monotonic()
     deadline = started + timeout
     sock: socket.socket | None = None
     qp = None
     rtts: list[float] = []
     mtu: int | None = None
+    gbps: float | None = None
     try:
         try:
             qp = end.new_qp()
@@ -237,6 +275,8 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
             raise _Failed(PeerOutcome.MTU_FAILED,
                           f"reads of {SMALL} bytes pass, a read of {accept.mtu} bytes (the "
                           f"path MTU) fails: {failed.error}") from failed
+        if bandwidth:
+            gbps = _bandwidth(end, qp, accept, reads + 1, deadline)
         outcome, error = PeerOutcome.OK, ""
     except _Failed as failed:
         outcome, error = failed.outcome, failed.error
@@ -248,4 +288,4 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         if sock is not None:
             sock.close()
     return PeerProbe(rail, address, node, outcome, error, tuple(rtts), mtu,
-                     at=time.monotonic())
+                     at=time.monotonic(), bandwidth_gbps=gbps)

@@ -218,6 +218,10 @@ def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:
                            "probes failed in a row (peers.failures).", labels=labels)
     probes = CounterMetricFamily("nodeagent_rdma_peer_probes", "Probes of the peer since the "
                                  "agent started, by result.", labels=[*labels, "result"])
+    bandwidth = GaugeMetricFamily("nodeagent_rdma_peer_bandwidth_bits_per_second",
+                                  "The latest bandwidth sample to the peer (128 KiB of RDMA "
+                                  "reads, 4 in flight): a sanity figure, not capacity.",
+                                  labels=labels)
     for r in rails:
         for p in r.peers or ():
             who = [r.name, p.address, p.node or ""]
@@ -228,7 +232,9 @@ def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:
             up.add_metric(who, 0.0 if p.failing else 1.0)
             for result, n in sorted(p.totals.items()):
                 probes.add_metric([*who, result], float(n))
-    yield from (rtt, loss, up, probes)
+            if p.bandwidth_gbps is not None:
+                bandwidth.add_metric(who, p.bandwidth_gbps * 1e9)
+    yield from (rtt, loss, up, probes, bandwidth)
 
 
 def _kube(kube: Mapping[str, Any] | None) -> Iterable[Metric]:

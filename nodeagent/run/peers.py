@@ -79,6 +79,7 @@ class PeerProber(Periodic):
         self._pending: dict[str, list[PeerProbe]] = {}
         self._last: dict[tuple[str, str], PeerOutcome] = {}
         self._failing: dict[tuple[str, str], int] = {}  # failed probes in a row
+        self._probed: dict[tuple[str, str], int] = {}  # probes so far (the bandwidth sample)
         self._delivered_at = 0.0
         self._skipped: dict[str, str] = {}
         # Each rail's peers (static, then discovered), set by the service; None until
@@ -150,8 +151,11 @@ class PeerProber(Periodic):
         for p in listed:
             if halted():
                 break
+            count = self._probed[(rail, p.address)] = self._probed.get((rail, p.address),
+                                                                          -1) + 1
+            every = peers.bandwidth_every
             out.append(probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
-                                  peers.timeout))
+                                  peers.timeout, bandwidth=bool(every) and count % every == 0))
         return out
 
     def _close_ends(self, keep: dict[str, Target]) -> None:

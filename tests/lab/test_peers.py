@@ -135,6 +135,8 @@ def test_4a_healthy_both_ends_reach_the_other_with_rtt_figures(pair: tuple[VM, V
         assert got["address"] == peer and got["outcome"] == "ok", got
         assert got["rtt_p50_us"] > 0 and got["rtt_p99_us"] >= got["rtt_p50_us"], got
         assert got["mtu"] == 4096, got  # the port's active MTU: the rail at 4200
+        # The first probe of a peer takes the bandwidth sample (128 KiB of reads).
+        assert got["bandwidth_gbps"] is not None and got["bandwidth_gbps"] > 0, got
         assert "1 of 1 peers reached over RoCE" in peers_message(vm)
 
 

@@ -336,7 +336,30 @@ def test_each_peer_is_in_the_status_and_the_metrics() -> None:
     assert peers[1] | {"loss": 0} == {
         "address": "10.10.0.7", "node": "gpu-07", "outcome": "RoCE failed",
         "error": "retry exceeded error", "failing_for": 2, "failing": True, "probes": 3,
-        "loss": 0, "mtu": 4096, "rtt_p50_us": 21.0, "rtt_p99_us": 22.0}
+        "loss": 0, "mtu": 4096, "rtt_p50_us": 21.0, "rtt_p99_us": 22.0,
+        "bandwidth_gbps": None}
+
+
+def test_the_latest_bandwidth_sample_in_the_window_is_reported() -> None:
+    from dataclasses import replace
+
+    from prometheus_client import generate_latest
+
+    from nodeagent.model import RailStatus, Report, Status
+    from nodeagent.publish.metrics import AgentMetrics
+
+    sampled = [replace(probe("10.10.0.6", OK, at=1), bandwidth_gbps=3.5),
+               probe("10.10.0.6", OK, at=2),
+               replace(probe("10.10.0.6", OK, at=3), bandwidth_gbps=2.0),
+               probe("10.10.0.6", ROCE, at=4)]
+    stats = peer_stats(sampled)
+    assert stats.bandwidth_gbps == 2.0 and stats.as_dict()["bandwidth_gbps"] == 2.0
+    assert peer_stats(sampled[1:2]).bandwidth_gbps is None
+    metrics = AgentMetrics()
+    metrics.update(Status(report=Report(node="n", findings=[], rails=[
+        RailStatus("rail0", "r0", peers=(stats,))])))
+    assert ('nodeagent_rdma_peer_bandwidth_bits_per_second{node="gpu-06",peer="10.10.0.6",'
+            'rail="rail0"} 2e+09') in generate_latest(metrics.registry).decode()
 
 
 def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> None:
@@ -406,3 +429,30 @@ def test_a_hostile_reply_never_sets_the_qp_up(reply: Accept | Refuse, words: str
                    time.monotonic() + 5, 1)
     server.close()
     assert got.value.outcome == PeerOutcome.REFUSED and words in got.value.error
+
+
+def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import nodeagent.run.peers as run_peers
+    from nodeagent.model import PeerRef
+
+    asked: list[bool] = []
+
+    def fake_probe(end, rail, address, node, port, reads, timeout,  # type: ignore[no-untyped-def]
+                   bandwidth=False):
+        asked.append(bandwidth)
+        return probe(address, OK)
+
+    monkeypatch.setattr(run_peers, "probe_peer", fake_probe)
+    cfg = parse_config({"rails": RAILS, "peers": {"static": PEERS, "bandwidth_every": 3}})
+    prober = run_peers.PeerProber(cfg, lambda item: None)
+    prober._ends["rail0"] = object()  # type: ignore[assignment]  # an opened end
+    target = Target("rxe0", 1, 1, "10.10.0.5")
+    for _ in range(7):
+        prober._probe_rail("rail0", target, (PeerRef("10.10.0.6"),), cfg.peers,
+                           lambda: False)
+    assert asked == [True, False, False, True, False, False, True]
+    never = parse_config({"rails": RAILS, "peers": {"static": PEERS, "bandwidth_every": 0}})
+    asked.clear()
+    prober._probe_rail("rail0", target, (PeerRef("10.10.0.7"),), never.peers, lambda: False)
+    assert asked == [False]
