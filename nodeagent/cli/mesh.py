@@ -25,9 +25,9 @@ CELL = {MeshVerdict.OK: ("o", "32"), MeshVerdict.ROCE: ("X", "1;31"),
         MeshVerdict.MTU: ("M", "1;31"), MeshVerdict.SILENT: ("?", "33"),
         MeshVerdict.REFUSED: ("R", "33"), MeshVerdict.LOCAL: ("L", "35"),
         MeshVerdict.PENDING: (".", "2")}
-LEGEND = ("o ok, X RoCE fails while TCP reaches the peer, M fails at the path MTU, "
-          "? no responder (agent down), R refused, L prober cannot probe, . not reached yet, "
-          "blank: not probed")
+LEGEND = ("o ok, X RoCE fails while TCP reaches the peer, M fails at the path MTU,\n"
+          "? no responder (agent down), R refused, L prober cannot probe, . not reached yet,"
+          " blank: not probed")
 
 
 @dataclass(frozen=True)
