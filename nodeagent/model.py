@@ -786,6 +786,11 @@ class RailStatus:
     drift: tuple[str, ...] = ()
     gid_index: int | None = None  # where the rail's IPv4 RoCE v2 GID is now
     gid_index_pinned: int | None = None
+    # Where the rail's GID is pinned: what a job on the node must use (nodeagent preflight
+    # reads them from the status file).
+    address: str | None = None
+    rdma_device: str | None = None
+    rdma_port: int | None = None
     counters: RailCounters | None = None
     port: PortHealth | None = None  # with a hardware section
     transport: TransportResult | None = None  # with a transport section: the latest probe
@@ -799,7 +804,8 @@ class RailStatus:
         out: dict[str, Any] = {
             "name": self.name, "interface": self.interface, "carrier": self.carrier,
             "mtu": self.mtu, "drift": list(self.drift), "gid_index": self.gid_index,
-            "gid_index_pinned": self.gid_index_pinned,
+            "gid_index_pinned": self.gid_index_pinned, "address": self.address,
+            "rdma_device": self.rdma_device, "rdma_port": self.rdma_port,
         }
         c = self.counters
         if c is not None:

@@ -129,6 +129,10 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             carrier=link.carrier if link else None, mtu=link.mtu if link else None,
             drift=tuple(d.message for d in facts.drift.get(rail.name, ())),
             gid_index=facts.gid.observed.get(rail.name), gid_index_pinned=pin,
+            address=rail.ip,
+            rdma_device=rail.rdma_device or (learned.device if learned else None),
+            rdma_port=rail.rdma_port if rail.rdma_device else (
+                learned.port if learned else None),
             counters=facts.counters.get(rail.name), port=facts.ports.get(rail.name),
             transport=facts.transport_results.get(rail.name),
             peers=facts.peer_stats.get(rail.name) if cfg.peers is not None else None))
