@@ -520,6 +520,53 @@ class MeshVerdict(Words):
 
 
 @dataclass(frozen=True)
+class VerbsDevice:
+    """An RDMA device as a container sees it: its uverbs node, and whether it opens."""
+
+    uverbs: str  # uverbs0
+    ibdev: str | None  # mlx5_0, rxe0; None when sysfs does not say
+    usable: bool  # a character device that opened read-write
+    why: str = ""  # when not usable
+
+
+@dataclass(frozen=True)
+class NodeRail:
+    """A rail as the node's agent reports it: where its GID is pinned."""
+
+    name: str
+    address: str | None = None
+    device: str | None = None
+    port: int | None = None
+    gid_index: int | None = None  # the pinned index of its IPv4 RoCE v2 GID
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    """What the node's agent says (its status file, or its Node): FabricReady, the rails,
+    the Lustre mounts; `problem` when it could not be read (the preflight fails closed)."""
+
+    node: str = ""
+    ready: bool = False
+    reason: str = ""
+    message: str = ""
+    rails: tuple[NodeRail, ...] = ()
+    lustre: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """One reason a training pod must not start: the check and a line that says what to
+    change."""
+
+    check: str  # devices, node, storage, env, gang
+    message: str
+
+    def line(self) -> str:
+        return f"{self.check}: {self.message}"
+
+
+@dataclass(frozen=True)
 class CustomCheckResult:
     """One run of a custom check: ok (exit 0), problem (exit 1) or unknown (exit 2, any
     other code, a timeout, not runnable), with the first line it printed."""

@@ -1,4 +1,4 @@
-"""Command line: check, apply, run, status, alerts, fleet.
+"""Command line: check, apply, run, status, alerts, fleet, preflight.
 
 Exit codes (public contract): 0 every condition True, 1 any False/Unknown, 2 bad usage or
 invalid config.
@@ -16,6 +16,7 @@ from typing import Any
 from nodeagent import __version__
 from nodeagent.cli.alerts import Windows
 from nodeagent.cli.fleet import add_arguments as add_fleet_arguments
+from nodeagent.cli.preflight import add_arguments as add_preflight_arguments
 from nodeagent.config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -76,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     fl = sub.add_parser("fleet", help="every fabric node's conditions, taint, heartbeat and "
                         "RDMA capacity in one table (also: kubectl fabric)")
     add_fleet_arguments(fl)
+    pf = sub.add_parser("preflight", help="in a training pod's init container: exit 1, with "
+                        "the reasons, unless its traffic would use the fabric")
+    add_preflight_arguments(pf)
     for field_name, default in vars(Windows()).items():
         alp.add_argument(f"--{field_name.replace('_', '-')}", default=default,
                          type=type(default), metavar="DURATION")
@@ -311,6 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from nodeagent.cli.fleet import run as run_fleet
 
             return run_fleet(args)
+        if args.command == "preflight":
+            from nodeagent.cli.preflight import run as run_preflight
+
+            return run_preflight(args)
         return cmd_status(args)
     except ConfigError as exc:
         for line in exc.problems:

@@ -101,6 +101,14 @@ def user_client(kubeconfig: str | None, context: str | None,
     return ApiClient(conf, request_deadline, FLEET_MAX_REPLY)
 
 
+def incluster_client(request_deadline: float = REQUEST_DEADLINE) -> ApiClient:
+    """A client with the pod's own service-account token (nodeagent preflight)."""
+    conf = k8s.Configuration()
+    k8s_config.load_incluster_config(client_configuration=conf)
+    conf.retries = False
+    return ApiClient(conf, request_deadline)
+
+
 def api_client(cfg: Kubernetes, request_deadline: float = REQUEST_DEADLINE) -> ApiClient:
     """An ApiClient from the configured kubeconfig, else in-cluster, else $KUBECONFIG."""
     conf = k8s.Configuration()

@@ -95,6 +95,7 @@ class ResponderCounts:
     """What the responder did, for the metrics and the tests (by kind)."""
 
     accepted: int = 0
+    answered: Counter[str] = field(default_factory=Counter)  # QPs set up, by peer address
     refused: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)  # closed without a reply
 
@@ -315,6 +316,7 @@ class Responder(threading.Thread):
             self._close(conn, "reset")
             return
         self.counts.accepted += 1
+        self.counts.answered[conn.peer] += 1
         conn.deadline = time.monotonic() + self.hold
 
     def _refuse_conn(self, conn: _Conn, why: Refusal) -> None:

@@ -1,0 +1,222 @@
+"""`nodeagent preflight`: run as an init container of each training pod, it refuses to let
+the pod start when the job's traffic would not use the fabric. Exit 0 fit, 1 not fit, 2
+usage; one line per problem on stderr and the same lines in the container's termination
+message (what `kubectl describe pod` shows), each saying what to change.
+
+Checks (checks/preflight.py): the rails' RDMA devices are in the container (their uverbs
+nodes open); the node's agent says FabricReady=True (its status file, mounted read-only
+from the host: the default, no API request per pod; or the Node through the API with the
+pod's own token); the Lustre mounts the job needs answer a bounded statfs (in a child
+process: a hung mount never hangs the init container); NCCL's environment does not turn
+the fabric off or point it elsewhere; and with `--peers`, the gang (run/gang.py): all pods
+at a barrier, then each rail's RoCE probe of the next pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nodeagent.checks.preflight import PreflightFacts, judge_preflight
+from nodeagent.config import parse_duration
+from nodeagent.io.files import printable
+from nodeagent.model import FABRIC_READY, NodeRail, NodeVerdict, Unfit
+
+TERMINATION_MAX = 4096  # the kubelet keeps this much of a termination message
+EXIT_FIT, EXIT_UNFIT, EXIT_USAGE = 0, 1, 2
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verdict", choices=["status", "api"], default="status",
+                   help="where the node's verdict comes from: the agent's status file "
+                   "(default; mount the host's runtime dir read-only) or the Node, read "
+                   "with the pod's own token (needs get on nodes)")
+    p.add_argument("--runtime-dir", default="/run/nodeagent", type=Path,
+                   help="the host agent's runtime dir as mounted in this container")
+    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""),
+                   help="this node's name, for --verdict api (default: $NODE_NAME, from "
+                   "the downward API's spec.nodeName)")
+    p.add_argument("--resource", default="rdma/rdma_shared_device_a",
+                   help="the RDMA resource named in the fix for a missing device")
+    p.add_argument("--lustre", action="append", default=None, metavar="PATH",
+                   help="a Lustre mount the job needs (repeat; default: the agent's own "
+                   "lustre list from its status file)")
+    p.add_argument("--statfs-timeout", type=parse_duration, default=5.0, metavar="DURATION")
+    p.add_argument("--peers", default=os.environ.get("NODEAGENT_PEERS", ""),
+                   help="the gang's pods in rank order, comma-separated stable names "
+                   "(e.g. train-0.train,train-1.train) or a pattern with {index} and "
+                   "--size (default: $NODEAGENT_PEERS)")
+    p.add_argument("--size", type=int, default=_env_int("NODEAGENT_GANG_SIZE", 0),
+                   help="the gang's size, with a --peers pattern")
+    p.add_argument("--index", type=int, default=_env_int("JOB_COMPLETION_INDEX", -1),
+                   help="this pod's rank (default: $JOB_COMPLETION_INDEX)")
+    p.add_argument("--gang-port", type=int, default=18601, help="the barrier's TCP port")
+    p.add_argument("--probe-port", type=int, default=18602,
+                   help="this pod's responder for its neighbour's RoCE probe")
+    p.add_argument("--barrier-timeout", type=parse_duration, default=60.0,
+                   metavar="DURATION", help="how long to wait for the whole gang")
+    p.add_argument("--probe-timeout", type=parse_duration, default=2.0, metavar="DURATION")
+    p.add_argument("--termination-log", default="/dev/termination-log", type=Path,
+                   help="where the kubelet reads the termination message")
+    p.add_argument("--dev", default="/dev", type=Path, help="root of the device nodes")
+    p.add_argument("--sysfs", default="/sys", type=Path)
+    p.add_argument("--procfs", default="/proc", type=Path)
+
+
+def _env_int(name: str, default: int) -> int:
+    """An integer from the environment; a value that is not one is left to argparse's
+    own check of the flag (it says which)."""
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+
+
+def peer_names(spec: str, size: int) -> list[str]:
+    """`a,b,c`, or a pattern with {index} expanded `size` times; ValueError when neither."""
+    if "{index}" in spec:
+        if size < 1:
+            raise ValueError("--peers is a pattern: give --size (or $NODEAGENT_GANG_SIZE)")
+        return [spec.replace("{index}", str(i)) for i in range(size)]
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if size and size != len(names):
+        raise ValueError(f"--size {size}, but --peers names {len(names)} pods")
+    return names
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
+    """The agent's own word, from its status file; its problems fail the preflight."""
+    from nodeagent.publish.status import read_status, status_path
+
+    path = status_path(runtime_dir)
+    try:
+        probe = read_status(runtime_dir, 3600.0)
+        daemon = probe.data.get("daemon") or {}
+        every = daemon.get("resync_interval") if isinstance(daemon, dict) else None
+        stale = 2 * every + 10 if isinstance(every, int | float) and every > 0 else 70.0
+        view = read_status(runtime_dir, stale)
+    except FileNotFoundError:
+        return NodeVerdict(problem=f"no agent status at {path}: mount the host's "
+                           f"{runtime_dir} read-only, or use --verdict api")
+    except (OSError, ValueError) as exc:
+        return NodeVerdict(problem=f"{path}: {printable(str(exc))[:300]}")
+    data = view.data
+    rails = tuple(NodeRail(_str(r.get("name")), _str(r.get("address")) or None,
+                           _str(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
+                           _int(r.get("gid_index_pinned")))
+                  for r in data.get("rails", [])[:64] if isinstance(r, dict))
+    lustre = tuple(_str(m.get("mountpoint")) for m in (data.get("lustre") or [])[:64]
+                   if isinstance(m, dict) and _str(m.get("mountpoint")))
+    fabric = next((c for c in data["conditions"] if c["type"] == FABRIC_READY), None)
+    if view.problem is not None:
+        return NodeVerdict(_str(data.get("node")), rails=rails, lustre=lustre,
+                           problem=f"the node's agent: {view.problem}")
+    if fabric is None:
+        return NodeVerdict(_str(data.get("node")), rails=rails, lustre=lustre,
+                           problem="the agent's status has no FabricReady")
+    return NodeVerdict(_str(data.get("node")), fabric["status"] == "True", fabric["reason"],
+                       fabric["message"][:500], rails, lustre)
+
+
+def verdict_from_api(node: str) -> NodeVerdict:
+    """FabricReady from the Node, with the pod's own service-account token."""
+    from nodeagent.kube.api import Counters, api_error_text, call, incluster_client
+
+    if not node:
+        return NodeVerdict(problem="--verdict api needs the node's name: --node or $NODE_NAME "
+                           "(env from fieldRef spec.nodeName)")
+    try:
+        got = call(incluster_client(10.0), Counters(), "GET", f"/api/v1/nodes/{node}")
+    except Exception as exc:  # not in a pod, 403, API down: one line, fail closed
+        return NodeVerdict(node, problem=f"reading Node {node}: {api_error_text(exc)}")
+    conditions = (got.get("status") or {}).get("conditions") or []
+    fabric = next((c for c in conditions if isinstance(c, dict)
+                   and c.get("type") == FABRIC_READY), None)
+    if fabric is None:
+        return NodeVerdict(node, problem=f"Node {node} has no FabricReady condition (no "
+                           "nodeagent on it?)")
+    return NodeVerdict(node, fabric.get("status") == "True", _str(fabric.get("reason")),
+                       _str(fabric.get("message"))[:500])
+
+
+def statfs_all(paths: list[str], procfs: Path, timeout: float) -> dict[str, str | None]:
+    """Each path mounted in this container and answering a statfs within `timeout`
+    (the agent's hang-safe child-process probe)."""
+    from nodeagent.io.commands import BoundedRunner
+    from nodeagent.probes.lustre import read_mountinfo, statfs_argv
+
+    entries, _ = read_mountinfo(procfs)
+    mounted = {e.mountpoint for e in entries}
+    runner = BoundedRunner()
+    out: dict[str, str | None] = {}
+    for path in paths:
+        if path not in mounted:
+            out[path] = "not mounted in this container: add it to the pod's volumes"
+            continue
+        got = runner.run(f"statfs:{path}", statfs_argv(path), timeout)
+        out[path] = None if got.done and got.ok else (
+            f"statfs did not answer within {timeout:g}s (hung mount)" if not got.done
+            else f"statfs failed: {got.output.strip()[:200]}")
+    return out
+
+
+def report(problems: list[Unfit], termination_log: Path) -> None:
+    lines = [f"preflight: {printable(u.line())}" for u in problems]
+    for line in lines:
+        print(line, file=sys.stderr)
+    text = "\n".join(lines) + "\n" if lines else "preflight: fit\n"
+    if termination_log.parent.is_dir():
+        data = text.encode()[:TERMINATION_MAX]
+        try:
+            with open(termination_log, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            print(f"preflight: cannot write {termination_log}: {exc.strerror}",
+                  file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        peers = peer_names(args.peers, args.size) if args.peers else []
+        if peers and not 0 <= args.index < len(peers):
+            raise ValueError(f"--index {args.index} is not a rank of the {len(peers)} pods "
+                             "(default: $JOB_COMPLETION_INDEX)")
+    except ValueError as exc:
+        print(f"preflight: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from nodeagent.probes.container import read_verbs_devices
+
+    started = time.monotonic()
+    verdict = verdict_from_status(args.runtime_dir)
+    if args.verdict == "api":
+        local = verdict
+        verdict = verdict_from_api(args.node)
+        # The rails and mounts still come from the status file when it is mounted.
+        verdict = NodeVerdict(verdict.node, verdict.ready, verdict.reason, verdict.message,
+                              local.rails, local.lustre, verdict.problem)
+    mounts = args.lustre if args.lustre is not None else list(verdict.lustre)
+    facts = PreflightFacts(verdict, read_verbs_devices(args.dev, args.sysfs),
+                           dict(os.environ), statfs_all(mounts, args.procfs,
+                                                        args.statfs_timeout), args.resource)
+    problems = judge_preflight(facts)
+    if len(peers) > 1:
+        from nodeagent.run.gang import GangCard, run_gang
+
+        card = GangCard(args.index, verdict.node or os.uname().nodename, verdict.rails)
+        _, gang = run_gang(card, peers, args.gang_port, args.probe_port,
+                           started + args.barrier_timeout, args.probe_timeout)
+        problems += gang
+    report(problems, args.termination_log)
+    return EXIT_UNFIT if problems else EXIT_FIT

@@ -1,0 +1,280 @@
+"""The gang step of `nodeagent preflight`: every pod of a training job waits for the others
+at a barrier, then probes its ring neighbour over RoCE on every rail with the agent's own
+peer probe (probes/peer.py, the prober; run/responder.py, the responder), so a gang whose
+pods reach each other over TCP but not over RoCE never reaches step 1.
+
+The barrier: each pod serves its card (index, node, rails: address, device, pinned GID
+index) as one JSON line on `port` to anyone who connects, and fetches every other pod's
+card by its stable name (an Indexed Job's `<job>-<i>.<service>`, the headless Service
+publishing not-ready addresses) until it has them all or the deadline passes. Each pod
+then probes pod i+1 (mod n) on each rail, from the rail's address and pinned GID index to
+the neighbour's responder on `probe_port`, and stays until its card has been fetched by
+every other pod and pod i-1 has probed it (or the deadline), so no pod leaves before the
+others are done with it. A card is read bounded (4 KiB, 2 s); what does not parse is
+garbage, retried until the deadline and then named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from nodeagent.model import NodeRail, PeerOutcome, Unfit
+from nodeagent.probes.peer import RailEnd, probe_peer
+from nodeagent.run.responder import Responder, Served
+from nodeagent.run.transport import Target
+
+CARD_MAX = 4096
+READ_TIMEOUT = 2.0
+RETRY = 0.5
+
+
+@dataclass(frozen=True)
+class GangCard:
+    index: int
+    node: str
+    rails: tuple[NodeRail, ...]
+
+    ready: bool = False  # its responder answers: it may be probed
+
+    def encode(self) -> bytes:
+        return (json.dumps({"index": self.index, "node": self.node, "ready": self.ready,
+                            "rails": [{"name": r.name, "address": r.address}
+                                      for r in self.rails]}) + "\n").encode()
+
+
+def parse_card(data: bytes) -> GangCard:
+    """A peer's card; ValueError naming what is wrong."""
+    if len(data) > CARD_MAX:
+        raise ValueError(f"more than {CARD_MAX} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError(f"not a card: {data[:40]!r}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("index"), int) \
+            or isinstance(doc.get("index"), bool) or not isinstance(doc.get("node"), str) \
+            or not isinstance(doc.get("rails"), list):
+        raise ValueError("not a card: index, node or rails missing")
+    rails = []
+    for r in doc["rails"][:64]:
+        if not isinstance(r, dict) or not isinstance(r.get("name"), str):
+            raise ValueError("not a card: a rail without a name")
+        address = r.get("address")
+        if address is not None:
+            try:
+                ipaddress.IPv4Address(address)
+            except ValueError:
+                raise ValueError(f"not a card: rail {r['name'][:40]!r} address "
+                                 f"{str(address)[:40]!r}") from None
+        rails.append(NodeRail(r["name"][:64], address, None, None, None))
+    return GangCard(doc["index"], doc["node"][:253], tuple(rails), doc.get("ready") is True)
+
+
+class CardServer(threading.Thread):
+    """Serves this pod's card to every connection; remembers who fetched it."""
+
+    def __init__(self, card: GangCard, port: int, bind: str = "0.0.0.0") -> None:
+        super().__init__(name="gang-barrier", daemon=True)
+        self.card = card.encode()  # replaced whole when the responder is up (ready)
+        self.sock = socket.create_server((bind, port), reuse_port=False, backlog=64)
+        self.sock.settimeout(0.2)
+        self.fetched_by: set[str] = set()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                conn, (host, _) = self.sock.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn:
+                conn.settimeout(1.0)
+                with contextlib.suppress(OSError):
+                    conn.sendall(self.card)
+                    self.fetched_by.add(host)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=2)
+        self.sock.close()
+
+
+def fetch_card(host: str, port: int, timeout: float = READ_TIMEOUT) -> GangCard:
+    """One peer's card; OSError or ValueError with why not."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        data = b""
+        while len(data) <= CARD_MAX:
+            chunk = s.recv(CARD_MAX + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    return parse_card(data)
+
+
+def barrier(peers: Sequence[str], me: int, port: int, deadline: float,
+            fetch: Callable[[str, int], GangCard] = fetch_card
+            ) -> tuple[dict[int, GangCard], list[Unfit]]:
+    """Every other pod's card, or what kept them away by the deadline."""
+    cards: dict[int, GangCard] = {}
+    last: dict[int, str] = {i: "not tried" for i in range(len(peers)) if i != me}
+    while True:
+        for i in sorted(last):
+            try:
+                got = fetch(peers[i], port)
+            except (OSError, ValueError) as exc:
+                last[i] = _words(exc)
+                continue
+            if got.index != i:
+                last[i] = f"answered as pod {got.index}, not {i}"
+                continue
+            cards[i] = got
+            del last[i]
+        if not last or time.monotonic() >= deadline:
+            break
+        time.sleep(min(RETRY, max(0.0, deadline - time.monotonic())))
+    if not last:
+        return cards, []
+    missing = "; ".join(f"{peers[i]} ({why})" for i, why in sorted(last.items())[:8])
+    more = f" and {len(last) - 8} more" if len(last) > 8 else ""
+    return cards, [Unfit("gang", f"barrier: {len(last)} of {len(peers) - 1} other pods not "
+                         f"ready by the deadline: {missing}{more}")]
+
+
+def _words(exc: BaseException) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"name not resolved: {exc.strerror}"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc)[:200]
+
+
+@dataclass(frozen=True)
+class RingProbe:
+    """One rail's probe of the ring neighbour: the pair, and how it ended."""
+
+    rail: str
+    source: str  # this pod's node and address
+    target: str  # the neighbour's
+    outcome: PeerOutcome
+    error: str = ""
+
+    def unfit(self) -> Unfit | None:
+        if self.outcome == PeerOutcome.OK:
+            return None
+        step = {PeerOutcome.ROCE_FAILED: "RoCE fails while TCP reaches it",
+                PeerOutcome.MTU_FAILED: "full-size RoCE frames fail while TCP reaches it",
+                PeerOutcome.NO_RESPONDER: "its preflight's responder does not answer on TCP "
+                "either",
+                PeerOutcome.REFUSED: "its responder refused",
+                PeerOutcome.LOCAL: "this pod cannot probe"}[self.outcome]
+        return Unfit("gang", f"{self.source} -> {self.target} on {self.rail}: {step} "
+                     f"({self.error})")
+
+
+def _served(card: GangCard, allowed: frozenset[str]) -> dict[str, Served]:
+    return {r.name: Served(Target(r.device, r.port or 1, r.gid_index, r.address), allowed)
+            for r in card.rails
+            if r.address and r.device and r.gid_index is not None}
+
+
+def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
+             deadline: float, timeout: float, bind: str = "0.0.0.0") -> tuple[
+                 list[RingProbe], list[Unfit]]:
+    """The barrier, then each rail's probe of the next pod, then waiting for the previous
+    pod's probe. `card` carries this pod's rails (address, device, pinned GID index)."""
+    n, me = len(peers), card.index
+    if n < 2:
+        return [], []
+    server = CardServer(card, port, bind)
+    server.start()
+    responder: Responder | None = None
+    try:
+        cards, problems = barrier(peers, me, port, deadline)
+        if problems:
+            return [], problems
+        allowed = frozenset(r.address for c in cards.values() for r in c.rails if r.address)
+        responder = Responder(probe_port, hold=2 * timeout + 1.0)
+        responder.serve(_served(card, allowed))
+        responder.start()
+        server.card = replace(card, ready=True).encode()
+        succ, pred = cards[(me + 1) % n], cards[(me - 1) % n]
+        problems = _until_ready(peers[succ.index], port, deadline)
+        probes = [] if problems else _probe_ring(card, succ, probe_port, timeout)
+        problems += [u for p in probes if (u := p.unfit()) is not None]
+        _until_done(server, responder, card, pred, n, deadline)
+        return probes, problems
+    finally:
+        server.stop()
+        if responder is not None:
+            responder.stop()
+            responder.join(timeout=5)
+
+
+def _until_ready(host: str, port: int, deadline: float) -> list[Unfit]:
+    """The next pod's card until it says its responder is up."""
+    why = "not ready"
+    while time.monotonic() < deadline:
+        try:
+            if fetch_card(host, port).ready:
+                return []
+        except (OSError, ValueError) as exc:
+            why = _words(exc)
+        time.sleep(RETRY / 5)
+    return [Unfit("gang", f"{host}: its responder was not up by the deadline ({why})")]
+
+
+def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
+                timeout: float) -> list[RingProbe]:
+    theirs = {r.name: r for r in succ.rails}
+    out = []
+    for rail in card.rails:
+        peer = theirs.get(rail.name)
+        source = f"{card.node} {rail.address}"
+        if peer is None or peer.address is None:
+            out.append(RingProbe(rail.name, source, succ.node, PeerOutcome.REFUSED,
+                                 f"{succ.node} has no rail {rail.name}"))
+            continue
+        target = f"{succ.node} {peer.address}"
+        if not (rail.address and rail.device and rail.gid_index is not None):
+            out.append(RingProbe(rail.name, source, target, PeerOutcome.LOCAL,
+                                 "the node's agent does not say where this rail's GID is"))
+            continue
+        end = RailEnd(rail.device, rail.port or 1, rail.gid_index, rail.address)
+        try:
+            end.open(remote_read=False)
+        except Exception as exc:  # ProbeFailed names its step; pyverbs' errors do not
+            out.append(RingProbe(rail.name, source, target, PeerOutcome.LOCAL,
+                                 str(exc).splitlines()[0][:200] if str(exc) else
+                                 type(exc).__name__))
+            continue
+        try:
+            got = probe_peer(end, rail.name, peer.address, succ.node, probe_port, 5,
+                             timeout)
+        finally:
+            end.close()
+        out.append(RingProbe(rail.name, source, target, got.outcome, got.error))
+    return out
+
+
+def _until_done(server: CardServer, responder: Responder, card: GangCard, pred: GangCard,
+                n: int, deadline: float) -> None:
+    """Until every other pod has this pod's card and the previous pod has probed it on
+    every rail it serves (its probes over), or the deadline."""
+    theirs = {r.name: r.address for r in pred.rails}
+    wanted = [theirs.get(r.name) for r in card.rails if r.address and r.device
+              and r.gid_index is not None]
+    while time.monotonic() < deadline:
+        fetched = len(server.fetched_by) >= n - 1
+        probed = all(a is not None and responder.counts.answered[a] > 0 for a in wanted)
+        if fetched and probed and responder.open_connections == 0:
+            return
+        time.sleep(0.05)

@@ -1,0 +1,254 @@
+"""`nodeagent preflight`'s judgement and its gang barrier: each environment case against
+NCCL's own reading of its variables, the device and verdict checks, and the barrier over
+real loopback sockets (a pod missing, one answering garbage, one answering as another
+rank). The checks inside a real container are in tests/kubelet; the gang's RoCE probe
+between two kernels in tests/lab/test_peers.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeagent.checks.preflight import (
+    PreflightFacts,
+    device_problems,
+    env_problems,
+    hca_selects,
+    judge_preflight,
+)
+from nodeagent.cli.preflight import peer_names, report, verdict_from_status
+from nodeagent.model import NodeRail, NodeVerdict, VerbsDevice
+from nodeagent.probes.container import read_verbs_devices
+from nodeagent.run.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
+
+RAILS = (NodeRail("rail0", "10.10.0.5", "mlx5_0", 1, 3),
+         NodeRail("rail1", "10.11.0.5", "mlx5_1", 1, 3))
+READY = NodeVerdict("gpu-05", True, "AllConditionsPassed", "ok", RAILS)
+DEVICES = (VerbsDevice("uverbs0", "mlx5_0", True), VerbsDevice("uverbs1", "mlx5_1", True))
+
+
+def lines(env: dict[str, str], rails: tuple[NodeRail, ...] = RAILS) -> list[str]:
+    return [u.line() for u in env_problems(env, rails)]
+
+
+def test_a_fit_pod_has_no_problem() -> None:
+    assert judge_preflight(PreflightFacts(READY, DEVICES, {"NCCL_IB_GID_INDEX": "3",
+                                                           "NCCL_IB_HCA": "mlx5"})) == []
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"NCCL_IB_DISABLE": "1"}, "NCCL_IB_DISABLE=1 turns RDMA off (NCCL uses sockets): "
+     "remove it"),
+    ({"NCCL_NET": "Socket"}, "NCCL_NET=Socket forces sockets"),
+    ({"NCCL_NET": "socket"}, "NCCL_NET=socket forces sockets"),
+    ({"NCCL_IB_HCA": "mlx5_4,mlx5_5"}, "selects none of this node's rail devices (mlx5_0, "
+     "mlx5_1)"),
+    ({"NCCL_IB_HCA": "=mlx5"}, "NCCL_IB_HCA==mlx5 selects none"),  # exact: no prefix match
+    ({"NCCL_IB_HCA": "^mlx5"}, "NCCL_IB_HCA=^mlx5 selects none"),  # every rail excluded
+    ({"NCCL_IB_GID_INDEX": "1"}, "NCCL_IB_GID_INDEX=1, but the rails' IPv4 RoCE v2 GIDs are "
+     "pinned elsewhere (rail0 at 3, rail1 at 3): set NCCL_IB_GID_INDEX=3"),
+    ({"NCCL_IB_GID_INDEX": "three"}, "NCCL_IB_GID_INDEX=three is not a number"),
+    ({"NCCL_IB_ROCE_VERSION_NUM": "1"}, "selects RoCE v1 GIDs"),
+])
+def test_an_environment_that_bypasses_the_fabric_is_named(env: dict[str, str],
+                                                          words: str) -> None:
+    got = lines(env)
+    assert len(got) == 1 and got[0].startswith("env: ") and words in got[0], got
+
+
+@pytest.mark.parametrize("env", [
+    {"NCCL_IB_DISABLE": "0"}, {"NCCL_NET": "IB"}, {"NCCL_NET": "IBext_v8"},
+    {"NCCL_IB_HCA": "mlx5_0:1"}, {"NCCL_IB_HCA": "^mlx5_1"}, {"NCCL_IB_HCA": "=mlx5_1"},
+    {"NCCL_IB_GID_INDEX": "3"}, {"NCCL_IB_ROCE_VERSION_NUM": "2"}, {},
+])
+def test_an_environment_that_uses_the_fabric_passes(env: dict[str, str]) -> None:
+    assert lines(env) == []
+
+
+def test_rails_pinned_at_different_indices_take_no_global_gid_index() -> None:
+    rails = (RAILS[0], NodeRail("rail1", "10.11.0.5", "mlx5_1", 1, 5))
+    got = lines({"NCCL_IB_GID_INDEX": "3"}, rails)
+    assert got == ["env: NCCL_IB_GID_INDEX=3, but the rails' IPv4 RoCE v2 GIDs are pinned "
+                   "elsewhere (rail1 at 5): leave it unset (the rails' pins differ)"]
+
+
+def test_hca_matching_follows_nccl() -> None:
+    assert hca_selects("mlx5", "mlx5_0") and hca_selects("mlx5_0:1,mlx5_1:1", "mlx5_1")
+    assert not hca_selects("=mlx5", "mlx5_0") and hca_selects("=mlx5_0", "mlx5_0")
+    assert not hca_selects("^mlx5_0", "mlx5_0") and hca_selects("^mlx5_0", "mlx5_1")
+    assert not hca_selects("^=mlx5_0", "mlx5_0") and hca_selects("^=mlx5", "mlx5_0")
+
+
+def test_no_device_names_the_resource_to_request() -> None:
+    got = device_problems([], RAILS, "rdma/rdma_shared_device_a")
+    assert [u.line() for u in got] == ["devices: no RDMA device in this container: request "
+                                       "rdma/rdma_shared_device_a in resources.limits"]
+    denied = [VerbsDevice("uverbs0", "mlx5_0", False, "/dev/infiniband/uverbs0: the "
+                          "container may not open it (device cgroup)")]
+    assert "(/dev/infiniband/uverbs0: the container may not open it (device cgroup))" in \
+        device_problems(denied, RAILS, "r")[0].message
+    one = device_problems(DEVICES[:1], RAILS, "r")
+    assert one[0].message.startswith("the rails' RDMA devices not in this container: "
+                                     "mlx5_1 (rail1)")
+
+
+def test_a_node_that_is_not_ready_or_unknown_refuses() -> None:
+    bad = NodeVerdict("gpu-05", False, "RuleMissing", "rail0 ens1f0: rule missing", RAILS)
+    got = judge_preflight(PreflightFacts(bad, DEVICES))
+    assert [u.line() for u in got] == ["node: node gpu-05 is not fabric-ready: FabricReady "
+                                       "(RuleMissing): rail0 ens1f0: rule missing"]
+    unknown = judge_preflight(PreflightFacts(NodeVerdict(problem="no agent status"), DEVICES))
+    assert unknown[0].line() == ("node: cannot tell whether this node's fabric is ready: no "
+                                 "agent status")
+
+
+def test_uverbs_nodes_are_read_with_their_device(tmp_path: Path) -> None:
+    """A fixture tree of uverbs_main.c's shape: /dev/infiniband/uverbsN (a character
+    device, here /dev/null's numbers), /sys/class/infiniband_verbs/uverbsN/ibdev."""
+    dev, sysfs = tmp_path / "dev", tmp_path / "sys"
+    (dev / "infiniband").mkdir(parents=True)
+    os.mknod(dev / "infiniband" / "uverbs0", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    (dev / "infiniband" / "uverbs1").write_text("")  # not a device
+    for n, name in (("uverbs0", "mlx5_0"), ("uverbs1", "mlx5_1")):
+        (sysfs / "class" / "infiniband_verbs" / n).mkdir(parents=True)
+        (sysfs / "class" / "infiniband_verbs" / n / "ibdev").write_text(name + "\n")
+    got = read_verbs_devices(dev, sysfs)
+    assert got[0] == VerbsDevice("uverbs0", "mlx5_0", True)
+    assert got[1].ibdev == "mlx5_1" and not got[1].usable
+    assert "is not a character device" in got[1].why
+    assert read_verbs_devices(tmp_path / "nothing", sysfs) == []
+
+
+def test_peers_by_list_or_pattern() -> None:
+    assert peer_names("a, b,c", 0) == ["a", "b", "c"]
+    assert peer_names("train-{index}.train", 3) == ["train-0.train", "train-1.train",
+                                                    "train-2.train"]
+    for spec, size in (("train-{index}.train", 0), ("a,b", 3)):
+        with pytest.raises(ValueError):
+            peer_names(spec, size)
+
+
+def test_the_termination_message_holds_the_lines_bounded(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from nodeagent.model import Unfit
+
+    log = tmp_path / "termination-log"
+    report([Unfit("env", "NCCL_NET=Socket forces sockets"), Unfit("gang", "x\x1b[31m" * 2000)],
+           log)
+    text = log.read_text()
+    assert text.startswith("preflight: env: NCCL_NET=Socket forces sockets\npreflight: gang:")
+    assert len(log.read_bytes()) == 4096 and "\x1b" not in text
+    assert "preflight: env: NCCL_NET=Socket" in capsys.readouterr().err
+    report([], log)
+    assert log.read_text() == "preflight: fit\n"
+
+
+def test_no_status_file_fails_closed_with_what_to_mount(tmp_path: Path) -> None:
+    got = verdict_from_status(tmp_path)
+    assert got.problem is not None and "mount the host's" in got.problem
+    (tmp_path / "status.json").write_text("{not json")
+    assert "status.json" in (verdict_from_status(tmp_path).problem or "")
+
+
+# ---------------------------------------------------------------- the barrier
+
+
+def card(i: int) -> GangCard:
+    return GangCard(i, f"gpu-{i}", (NodeRail("rail0", f"10.10.0.{i + 1}"),))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_card_reads_back_and_garbage_is_named() -> None:
+    port = free_port()
+    server = CardServer(card(1), port, "127.0.0.2")
+    server.start()
+    try:
+        assert fetch_card("127.0.0.2", port) == card(1)
+        assert server.fetched_by == {"127.0.0.1"}
+    finally:
+        server.stop()
+    for data, words in ((b"\xff\xfe", "not a card"), (b"[]", "index, node or rails missing"),
+                        (b'{"index":1,"node":"x","rails":[{"name":"r","address":"10.x"}]}',
+                         "address"), (b"x" * (CARD_MAX + 1), "more than 4096 bytes")):
+        with pytest.raises(ValueError, match=words):
+            from nodeagent.run.gang import parse_card
+
+            parse_card(data)
+
+
+def serve_garbage(host: str, port: int, stop: threading.Event) -> None:
+    with socket.create_server((host, port)) as s:
+        s.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = s.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n<html>")
+
+
+def test_the_barrier_waits_for_every_pod_and_names_the_ones_that_never_came() -> None:
+    port = free_port()
+    peers = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    servers = [CardServer(card(1), port, "127.0.0.2"), CardServer(card(3), port, "127.0.0.4")]
+    stop = threading.Event()
+    garbage = threading.Thread(target=serve_garbage, args=("127.0.0.3", port, stop))
+    for s in servers:
+        s.start()
+    garbage.start()
+    try:
+        started = time.monotonic()
+        cards, problems = barrier(peers, 0, port, time.monotonic() + 1.5)
+        assert time.monotonic() - started < 10  # bounded (a hang guard, not a figure)
+        assert set(cards) == {1, 3}
+        assert [u.line() for u in problems] == [
+            "gang: barrier: 1 of 3 other pods not ready by the deadline: 127.0.0.3 (not a "
+            "card: b'HTTP/1.1 200 OK\\r\\n\\r\\n<html>')"]
+        _, wrong = barrier(["127.0.0.1", "127.0.0.4"], 0, port, time.monotonic() + 0.5)
+        assert "127.0.0.4 (answered as pod 3, not 1)" in wrong[0].message
+        _, absent = barrier(["127.0.0.1", "127.0.0.9"], 0, port, time.monotonic() + 0.5)
+        assert "127.0.0.9 (connection refused)" in absent[0].message
+        _, unresolved = barrier(["127.0.0.1", "no-such-pod.invalid"], 0, port,
+                                time.monotonic() + 0.5)
+        assert "no-such-pod.invalid (name not resolved" in unresolved[0].message
+    finally:
+        stop.set()
+        for s in servers:
+            s.stop()
+        garbage.join()
+
+
+def test_a_gang_of_two_meets_then_probes_and_says_why_a_probe_could_not_run() -> None:
+    """Two pods on loopback run the whole gang step; no rail of theirs says where its GID
+    is (no agent status), so each probe is refused locally, named with its pair."""
+    port, probe_port = free_port(), free_port()
+    peers = ["127.0.0.1", "127.0.0.2"]
+    results: dict[int, list[str]] = {}
+
+    def pod(i: int) -> None:
+        _, problems = run_gang(card(i), peers, port, probe_port, time.monotonic() + 5, 1.0,
+                               bind=peers[i])
+        results[i] = [u.line() for u in problems]
+
+    threads = [threading.Thread(target=pod, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results[0] == ["gang: gpu-0 10.10.0.1 -> gpu-1 10.10.0.2 on rail0: this pod "
+                          "cannot probe (the node's agent does not say where this rail's "
+                          "GID is)"]
+    assert results[1][0].startswith("gang: gpu-1 10.10.0.2 -> gpu-0 10.10.0.1 on rail0")
