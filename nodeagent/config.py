@@ -515,6 +515,28 @@ class Peers(_Strict):
         return v
 
 
+_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*"
+                       r"[A-Za-z0-9])?")
+
+
+def _resource_name(v: str) -> str:
+    if len(v) > 253 or not _RESOURCE.fullmatch(v):
+        raise ValueError(f"{shown(v)} is not an extended resource name (domain/name)")
+    return v
+
+
+ResourceName = Annotated[str, AfterValidator(_resource_name)]
+
+
+class Jobs(_Strict):
+    """The job gate `nodeagent deploy` renders (deploy/job-policy.yaml): in an opted-in
+    namespace a Pod that requests one of `gpu_resources` must request the RDMA resource."""
+
+    gpu_resources: list[ResourceName] = Field(default_factory=lambda: ["nvidia.com/gpu"],
+                                              min_length=1, max_length=16)
+    rdma_resource: ResourceName | None = None  # default: device_plugin.resource
+
+
 class CustomCheck(_Strict):
     """One executable in node-problem-detector's custom-plugin convention: exit 0 OK, 1 a
     problem, 2 (or anything else) unknown; the first line of its stdout is the message."""
@@ -692,6 +714,7 @@ class Config(_Strict):
     custom_checks: CustomChecks | None = None
     transport: Transport | None = None
     peers: Peers | None = None
+    jobs: Jobs = Jobs()  # the job gate's names, for nodeagent deploy
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None
     lustre_interval: Interval = 10.0  # how often the mounts are probed (off the main loop)

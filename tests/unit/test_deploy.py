@@ -45,7 +45,7 @@ def test_the_command_writes_every_manifest(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(MANIFESTS)
     assert capsys.readouterr().out.split() == [str(tmp_path / name) for name in MANIFESTS]
     assert main(["deploy"]) == 0
-    assert len([d for d in yaml.safe_load_all(capsys.readouterr().out) if d]) == 9
+    assert len([d for d in yaml.safe_load_all(capsys.readouterr().out) if d]) == 13
 
 
 @pytest.mark.parametrize("namespace", ["Nodeagent", "a_b", "x'y", ""])
@@ -60,3 +60,18 @@ def test_cordon_needs_a_taint() -> None:
         parse_config({"kubernetes": {"taint": None, "cordon": True}})
     assert info.value.problems == [
         "kubernetes: cordon: true needs a taint (with taint: null the agent writes neither)"]
+
+
+def test_the_job_gate_takes_the_configs_resource_names() -> None:
+    got = render(parse_config({"jobs": {"gpu_resources": ["nvidia.com/gpu", "amd.com/gpu"]},
+                               "device_plugin": {"resource": "rdma/hca_shared"}}))
+    text = got["job-policy.yaml"]
+    assert "\"['nvidia.com/gpu', 'amd.com/gpu']\"" in text and "'rdma/hca_shared'" in text
+    assert "'rdma/rdma_shared_device_a'" in render(parse_config({}))["job-policy.yaml"]
+
+
+@pytest.mark.parametrize("name", ["nvidia.com/gpu']", "gpu", "a/b c", "x/'y'"])
+def test_a_resource_name_cannot_reach_the_policy_unchecked(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"jobs": {"gpu_resources": [name]}})
+    assert "is not an extended resource name" in info.value.problems[0]

@@ -1,0 +1,189 @@
+"""The job gate (deploy/job-policy.yaml, as `nodeagent deploy` renders it) on the real API
+server: in an opted-in namespace a GPU pod without the RDMA resource, or with an NCCL
+variable that turns RDMA off, is refused with a message that names the field and the fix;
+the same pods are admitted in a namespace that did not opt in; the preflight binding asks
+for the init container; a Job whose pods are refused shows why in its FailedCreate events
+(the real job controller); and deploy/examples pass a server-side dry run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.kit.apiserver import ApiServer
+from tests.kit.control_plane import Component
+from tests.kit.helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = "nvidia.com/gpu"
+RDMA = "rdma/rdma_shared_device_a"
+
+
+def pod(name: str, limits: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, init: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{
+        "name": "train", "image": "registry.example/train:1",
+        "resources": {"limits": limits or {}},
+        "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]}
+    if init:
+        spec["initContainers"] = [{"name": "nodeagent-preflight",
+                                   "image": "registry.example/nodeagent:1",
+                                   "args": ["preflight"]}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def namespace(core: k8s.CoreV1Api, name: str, labels: dict[str, str]) -> str:
+    try:
+        core.create_namespace({"metadata": {"name": name,  # type: ignore[arg-type]
+                                            "labels": labels}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    # The ServiceAccount admission plugin wants the pods' default account to exist (no
+    # serviceaccount controller runs here).
+    try:
+        core.create_namespaced_service_account(name, {"metadata": {  # type: ignore[arg-type]
+            "name": "default"}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return name
+
+
+def create(core: k8s.CoreV1Api, ns: str, body: dict[str, Any]) -> str | None:
+    """None when admitted (a server-side dry run: nothing is kept), else the refusal."""
+    try:
+        core.create_namespaced_pod(ns, body, dry_run="All")  # type: ignore[arg-type]
+    except ApiException as exc:
+        if exc.status not in (400, 403, 422):
+            raise
+        return str(exc.body)
+    return None
+
+
+@pytest.fixture(scope="module")
+def spaces(apiserver: ApiServer) -> Iterator[dict[str, str]]:
+    core = k8s.CoreV1Api(apiserver.client("admin"))
+    got = {"gated": namespace(core, "jobs-gated", {"nodeagent.io/fabric": "required"}),
+           "preflight": namespace(core, "jobs-preflight", {"nodeagent.io/fabric": "required",
+                                                           "nodeagent.io/preflight": "required"}),
+           "open": namespace(core, "jobs-open", {})}
+    # A policy takes effect a moment after its creation: until a known-bad pod is refused.
+    wait_for(lambda: create(core, got["preflight"], pod("probe", {GPU: "1"})), 60,
+             "the job policies enforced")
+    wait_for(lambda: "nodeagent-preflight init container" in (
+        create(core, got["preflight"], pod("probe", {GPU: "1", RDMA: "1"})) or ""), 60,
+        "the preflight policy enforced")
+    yield got
+
+
+def test_the_policies_type_check_clean(apiserver: ApiServer, spaces: dict[str, str]) -> None:
+    api = k8s.AdmissionregistrationV1Api(apiserver.client("admin"))
+    for name in ("nodeagent-job-fabric", "nodeagent-job-preflight"):
+        got = wait_for(lambda n=name: api.read_validating_admission_policy(n).status, 30,
+                       f"{name}'s status")
+        warnings = got.type_checking.expression_warnings if got.type_checking else None
+        assert not warnings, warnings
+
+
+def test_a_gpu_pod_without_the_rdma_resource_is_refused_naming_the_fix(
+        apiserver: ApiServer, spaces: dict[str, str]) -> None:
+    core = k8s.CoreV1Api(apiserver.client("admin"))
+    refused = create(core, spaces["gated"], pod("no-rdma", {GPU: "8"}))
+    assert refused is not None
+    assert ("container train requests a GPU but the pod does not request "
+            "rdma/rdma_shared_device_a: add rdma/rdma_shared_device_a: 1 to "
+            "spec.containers[].resources.limits") in refused
+    assert create(core, spaces["gated"], pod("fit", {GPU: "8", RDMA: "1"})) is None
+    assert create(core, spaces["gated"], pod("cpu-only", {"cpu": "1"})) is None
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"NCCL_IB_DISABLE": "1"}, "container train sets NCCL_IB_DISABLE=1 in "
+     "spec.containers[].env: remove it"),
+    ({"NCCL_NET": "Socket"}, "container train sets NCCL_NET=Socket"),
+])
+def test_an_nccl_variable_that_turns_rdma_off_is_refused(
+        apiserver: ApiServer, spaces: dict[str, str], env: dict[str, str], words: str) -> None:
+    core = k8s.CoreV1Api(apiserver.client("admin"))
+    refused = create(core, spaces["gated"], pod("env", {GPU: "8", RDMA: "1"}, env))
+    assert refused is not None and words in refused
+    fine = {"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_IB_HCA": "mlx5"}
+    assert create(core, spaces["gated"], pod("env-ok", {GPU: "8", RDMA: "1"}, fine)) is None
+
+
+def test_a_namespace_that_did_not_opt_in_is_untouched(apiserver: ApiServer,
+                                                     spaces: dict[str, str]) -> None:
+    core = k8s.CoreV1Api(apiserver.client("admin"))
+    assert create(core, spaces["open"], pod("bad", {GPU: "8"}, {"NCCL_IB_DISABLE": "1"})) \
+        is None
+
+
+def test_the_preflight_binding_asks_for_the_init_container(apiserver: ApiServer,
+                                                          spaces: dict[str, str]) -> None:
+    core = k8s.CoreV1Api(apiserver.client("admin"))
+    refused = create(core, spaces["preflight"], pod("no-init", {GPU: "8", RDMA: "1"}))
+    assert refused is not None and "add it to spec.initContainers" in refused
+    assert create(core, spaces["preflight"], pod("init", {GPU: "8", RDMA: "1"}, init=True)) \
+        is None
+    assert create(core, spaces["gated"], pod("no-init", {GPU: "8", RDMA: "1"})) is None
+
+
+def test_a_job_whose_pods_are_refused_shows_why_in_its_events(
+        apiserver: ApiServer, spaces: dict[str, str], tmp_path: Path) -> None:
+    """The real job controller creates the Job's pods; the policy refuses them; the
+    controller records the API server's message as a FailedCreate Event on the Job."""
+    admin = apiserver.client("admin")
+    manager = Component("kube-controller-manager", "controller-manager",
+                        ["--controllers=job-controller",
+                         "--use-service-account-credentials=true",
+                         f"--root-ca-file={apiserver.workdir / 'ca.crt'}"], tmp_path)
+    manager.start(apiserver)
+    try:
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "no-rdma"},
+               "spec": {"backoffLimit": 0, "template": {"spec": {
+                   "restartPolicy": "Never", **pod("x", {GPU: "8"})["spec"]}}}}
+        k8s.BatchV1Api(admin).create_namespaced_job(spaces["gated"], job)  # type: ignore[arg-type]
+        core = k8s.CoreV1Api(admin)
+
+        def failed_create() -> str:
+            manager.alive()
+            events = core.list_namespaced_event(
+                spaces["gated"], field_selector="involvedObject.name=no-rdma").items
+            return next((e.message for e in events if e.reason == "FailedCreate"), "")
+
+        message = wait_for(failed_create, 90, "a FailedCreate event on the Job")
+        assert "requests a GPU but the pod does not request rdma/rdma_shared_device_a" \
+            in message
+        assert core.list_namespaced_pod(spaces["gated"]).items == []
+    finally:
+        manager.stop()
+
+
+def test_the_examples_pass_a_server_side_dry_run(apiserver: ApiServer,
+                                                spaces: dict[str, str]) -> None:
+    """Every object of deploy/examples/ in the preflight-gated namespace, dry-run: the API
+    server validates it whole, and admits its pods' template through the job gate."""
+    from kubernetes.dynamic import DynamicClient
+
+    dyn = DynamicClient(apiserver.client("admin"))
+    examples = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
+            api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+            api.create(body=doc, namespace=spaces["preflight"], query_params=[
+                ("dryRun", "All")])
+            template = (doc.get("spec") or {}).get("template")
+            if doc["kind"] == "Job" and template:  # its pods, as the job controller makes them
+                pods = dyn.resources.get(api_version="v1", kind="Pod")
+                pods.create(body={"apiVersion": "v1", "kind": "Pod",
+                                  "metadata": {"name": f"{doc['metadata']['name']}-0"},
+                                  "spec": template["spec"]},
+                            namespace=spaces["preflight"], query_params=[("dryRun", "All")])
