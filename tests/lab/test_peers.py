@@ -24,6 +24,7 @@ import pytest
 from tests.kit.helpers import wait_for
 from tests.kit.labkit import (
     GUEST,
+    VENV,
     condition,
     ensure_agent,
     hold_qp,
@@ -209,3 +210,44 @@ def test_4f_the_peer_agent_stopped_is_unknown_and_holds_nothing(pair: tuple[VM, 
     b.ssh("systemctl stop nodeagent")
     until_condition(a, ("Unknown", "PeerNotResponding"), 30, "the peer's agent gone")
     assert PEERS not in fabric_message(a)  # gated, and still holds nothing
+
+
+# ------------------------------------------------------------------ the job's own path
+
+
+PREFLIGHT = (VENV + "/nodeagent preflight --peers 10.20.0.1,10.20.0.2 --index {i} "
+             "--barrier-timeout 90s --termination-log /tmp/preflight.log")
+
+
+def preflight_pair(a: VM, b: VM) -> dict[str, tuple[int, str]]:
+    """`nodeagent preflight` on both nodes at once, as a 2-pod gang's init containers would
+    run (outside a container here: the guests' own devices and status files): each exit
+    code and termination message."""
+    a.ssh("rm -f /tmp/preflight.*; (" + PREFLIGHT.format(i=0) + "; echo $? > /tmp/preflight.rc)"
+          " >/dev/null 2>&1 </dev/null &")
+    b.ssh("rm -f /tmp/preflight.*; " + PREFLIGHT.format(i=1) + "; echo $? > /tmp/preflight.rc",
+          check=False, timeout=180)
+    wait_for(lambda: a.ssh("cat /tmp/preflight.rc", check=False).stdout.strip(), 120,
+             "the first node's preflight")
+    return {name: (int(vm.ssh("cat /tmp/preflight.rc").stdout), vm.ssh(
+        "cat /tmp/preflight.log", check=False).stdout) for name, vm in (("lab", a), ("lab-b", b))}
+
+
+def test_4g_a_gangs_preflight_passes_over_roce_and_names_the_pair_when_roce_drops(
+        pair: tuple[VM, VM]) -> None:
+    a, b = pair
+    both_reach_each_other(a, b)
+    started = time.monotonic()
+    got = preflight_pair(a, b)
+    assert got == {"lab": (0, "preflight: fit\n"), "lab-b": (0, "preflight: fit\n")}, got
+    print(f"a healthy 2-pod gang's preflight, both ends (TCG guests): "
+          f"{time.monotonic() - started:.1f} s")
+    b.ssh("nft add table inet lab && nft add chain inet lab in '{ type filter hook input "
+          "priority 0; }' && nft add rule inet lab in udp dport 4791 drop")
+    got = preflight_pair(a, b)
+    assert got["lab"][0] == 1 and got["lab-b"][0] == 1, got
+    assert ("preflight: gang: lab 10.20.0.1 -> lab-b 10.20.0.2 on fab0: RoCE fails while TCP "
+            "reaches it") in got["lab"][1], got
+    assert ("preflight: gang: lab-b 10.20.0.2 -> lab 10.20.0.1 on fab0: RoCE fails while "
+            "TCP reaches it") in got["lab-b"][1], got
+    b.ssh("nft flush ruleset")
