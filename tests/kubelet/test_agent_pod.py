@@ -14,8 +14,10 @@ directories (the test's and this node's, not the host's), the metrics port, and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,3 +163,72 @@ def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
     # read through the DaemonSet's mount of containerd's content store
     assert "pulled image linux/amd64 verified by the runtime" in plugin.message
     assert conditions["Ready"][0] == "True", "the kubelet's own condition stays beside them"
+
+
+def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
+        cluster: tuple[ApiServer, ControlPlane], agent_node: Node, pushed_image: str,
+        tmp_path: Path) -> None:
+    """`nodeagent preflight` from the agent's image as a pod's init container on the real
+    kubelet: no RDMA device in the container (the pod does not request the resource), a
+    node whose agent says FabricReady=False (its status file, written by the agent's own
+    writer and its lock held as the daemon holds it, mounted read-only) and an NCCL
+    variable that forces sockets. It exits 1, the termination message names each with
+    its fix, and the trainer never starts."""
+    from nodeagent.model import FABRIC_READY, Finding, Report
+    from nodeagent.publish.status import DaemonLock, write_status
+
+    server, plane = cluster
+    core = k8s.CoreV1Api(server.client("admin"))
+    run = tmp_path / "run"
+    lock = DaemonLock(run)
+    lock.acquire()
+    done_writing = threading.Event()
+    try:
+        report = Report("node-a", [Finding(FABRIC_READY, "False", "RuleMissing",
+                                           "RoCENetworkReady=False (RuleMissing)")])
+
+        def passes() -> None:  # a pass's status every few seconds, as the daemon writes it
+            while not done_writing.is_set():
+                write_status(run, report.as_dict(), {"state": "running",
+                                                     "resync_interval": 30})
+                done_writing.wait(5)
+        writer = threading.Thread(target=passes, daemon=True)
+        writer.start()
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-0"}, "spec": {
+            "nodeName": "node-a", "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
+            "initContainers": [{
+                "name": "nodeagent-preflight", "image": pushed_image,
+                "args": ["preflight", "--resource", RESOURCE],
+                "env": [{"name": "NCCL_NET", "value": "Socket"}],
+                "volumeMounts": [{"name": "run", "mountPath": "/run/nodeagent",
+                                  "readOnly": True}]}],
+            "containers": [{"name": "trainer", "image": pushed_image, "args": ["--version"]}],
+            "volumes": [{"name": "run", "hostPath": {"path": str(run), "type": "Directory"}}]}}
+        core.create_namespaced_pod("default", pod)  # type: ignore[arg-type]
+
+        def finished() -> Any:
+            got = core.read_namespaced_pod("train-0", "default").status
+            init = (got.init_container_statuses or [None])[0]
+            return got if init is not None and init.state.terminated else None
+        try:
+            status = wait_for(finished, 180, "the preflight init container to finish")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnosis(server, agent_node, plane)}") from exc
+        done = status.init_container_statuses[0].state.terminated
+        assert done.exit_code == 1, done
+        lines = done.message.splitlines()
+        assert lines == [
+            f"preflight: devices: no RDMA device in this container: request {RESOURCE} in "
+            "resources.limits",
+            "preflight: node: node node-a is not fabric-ready: FabricReady (RuleMissing): "
+            "RoCENetworkReady=False (RuleMissing)",
+            "preflight: env: NCCL_NET=Socket forces sockets: remove it, or set NCCL_NET=IB"], done
+        trainer = status.container_statuses[0]
+        assert trainer.state.running is None and trainer.state.terminated is None, trainer
+        assert status.phase == "Failed"
+    finally:
+        done_writing.set()
+        lock.release()
+        with contextlib.suppress(k8s.ApiException):
+            core.delete_namespaced_pod("train-0", "default", grace_period_seconds=0)
