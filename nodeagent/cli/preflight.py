@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=int, default=_env_int("JOB_COMPLETION_INDEX", -1),
                    help="this pod's rank (default: $JOB_COMPLETION_INDEX)")
     p.add_argument("--gang-port", type=int, default=18601, help="the barrier's TCP port")
+    p.add_argument("--gang-bind", default="0.0.0.0", metavar="ADDRESS",
+                   help="where this pod serves its card (default: every address of the pod)")
     p.add_argument("--probe-port", type=int, default=18602,
                    help="this pod's responder for its neighbour's RoCE probe")
     p.add_argument("--barrier-timeout", type=parse_duration, default=60.0,
@@ -216,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
 
         card = GangCard(args.index, verdict.node or os.uname().nodename, verdict.rails)
         _, gang = run_gang(card, peers, args.gang_port, args.probe_port,
-                           started + args.barrier_timeout, args.probe_timeout)
+                           started + args.barrier_timeout, args.probe_timeout,
+                           bind=args.gang_bind)
         problems += gang
     report(problems, args.termination_log)
     return EXIT_UNFIT if problems else EXIT_FIT

@@ -4,9 +4,10 @@ peer probe (probes/peer.py, the prober; run/responder.py, the responder), so a g
 pods reach each other over TCP but not over RoCE never reaches step 1.
 
 The barrier: each pod serves its card (index, node, rails: address, device, pinned GID
-index) as one JSON line on `port` to anyone who connects, and fetches every other pod's
-card by its stable name (an Indexed Job's `<job>-<i>.<service>`, the headless Service
-publishing not-ready addresses) until it has them all or the deadline passes. Each pod
+index) as one JSON line on `port` to anyone who connects and says its rank, and fetches
+every other pod's card by its stable name (an Indexed Job's `<job>-<i>.<service>`, the
+headless Service publishing not-ready addresses) until it has them all or the deadline
+passes. Each pod
 then probes pod i+1 (mod n) on each rail, from the rail's address and pinned GID index to
 the neighbour's responder on `probe_port`, and stays until its card has been fetched by
 every other pod and pod i-1 has probed it (or the deadline), so no pod leaves before the
@@ -77,27 +78,30 @@ def parse_card(data: bytes) -> GangCard:
 
 
 class CardServer(threading.Thread):
-    """Serves this pod's card to every connection; remembers who fetched it."""
+    """Serves this pod's card to every connection; remembers which ranks fetched it (a
+    fetcher says its rank first: pods may share an address, on one host's network)."""
 
     def __init__(self, card: GangCard, port: int, bind: str = "0.0.0.0") -> None:
         super().__init__(name="gang-barrier", daemon=True)
         self.card = card.encode()  # replaced whole when the responder is up (ready)
         self.sock = socket.create_server((bind, port), reuse_port=False, backlog=64)
         self.sock.settimeout(0.2)
-        self.fetched_by: set[str] = set()
+        self.fetched_by: set[int] = set()
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
             try:
-                conn, (host, _) = self.sock.accept()
+                conn, _ = self.sock.accept()
             except (TimeoutError, OSError):
                 continue
             with conn:
                 conn.settimeout(1.0)
                 with contextlib.suppress(OSError):
+                    rank = _rank(conn.recv(16))
                     conn.sendall(self.card)
-                    self.fetched_by.add(host)
+                    if rank is not None:
+                        self.fetched_by.add(rank)
 
     def stop(self) -> None:
         self._halt.set()
@@ -105,10 +109,18 @@ class CardServer(threading.Thread):
         self.sock.close()
 
 
-def fetch_card(host: str, port: int, timeout: float = READ_TIMEOUT) -> GangCard:
-    """One peer's card; OSError or ValueError with why not."""
+def _rank(data: bytes) -> int | None:
+    try:
+        return int(data.decode("ascii").strip())
+    except ValueError:  # UnicodeDecodeError too
+        return None
+
+
+def fetch_card(host: str, port: int, me: int, timeout: float = READ_TIMEOUT) -> GangCard:
+    """One peer's card, this pod's rank said first; OSError or ValueError with why not."""
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.settimeout(timeout)
+        s.sendall(f"{me}\n".encode())
         data = b""
         while len(data) <= CARD_MAX:
             chunk = s.recv(CARD_MAX + 1 - len(data))
@@ -119,7 +131,7 @@ def fetch_card(host: str, port: int, timeout: float = READ_TIMEOUT) -> GangCard:
 
 
 def barrier(peers: Sequence[str], me: int, port: int, deadline: float,
-            fetch: Callable[[str, int], GangCard] = fetch_card
+            fetch: Callable[[str, int, int], GangCard] = fetch_card
             ) -> tuple[dict[int, GangCard], list[Unfit]]:
     """Every other pod's card, or what kept them away by the deadline."""
     cards: dict[int, GangCard] = {}
@@ -127,7 +139,7 @@ def barrier(peers: Sequence[str], me: int, port: int, deadline: float,
     while True:
         for i in sorted(last):
             try:
-                got = fetch(peers[i], port)
+                got = fetch(peers[i], port, me)
             except (OSError, ValueError) as exc:
                 last[i] = _words(exc)
                 continue
@@ -207,7 +219,7 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
         responder.start()
         server.card = replace(card, ready=True).encode()
         succ, pred = cards[(me + 1) % n], cards[(me - 1) % n]
-        problems = _until_ready(peers[succ.index], port, deadline)
+        problems = _until_ready(peers[succ.index], port, me, deadline)
         probes = [] if problems else _probe_ring(card, succ, probe_port, timeout)
         problems += [u for p in probes if (u := p.unfit()) is not None]
         _until_done(server, responder, card, pred, n, deadline)
@@ -219,12 +231,12 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
             responder.join(timeout=5)
 
 
-def _until_ready(host: str, port: int, deadline: float) -> list[Unfit]:
+def _until_ready(host: str, port: int, me: int, deadline: float) -> list[Unfit]:
     """The next pod's card until it says its responder is up."""
     why = "not ready"
     while time.monotonic() < deadline:
         try:
-            if fetch_card(host, port).ready:
+            if fetch_card(host, port, me).ready:
                 return []
         except (OSError, ValueError) as exc:
             why = _words(exc)
@@ -272,8 +284,9 @@ def _until_done(server: CardServer, responder: Responder, card: GangCard, pred: 
     theirs = {r.name: r.address for r in pred.rails}
     wanted = [theirs.get(r.name) for r in card.rails if r.address and r.device
               and r.gid_index is not None]
+    others = set(range(n)) - {card.index}
     while time.monotonic() < deadline:
-        fetched = len(server.fetched_by) >= n - 1
+        fetched = others <= server.fetched_by
         probed = all(a is not None and responder.counts.answered[a] > 0 for a in wanted)
         if fetched and probed and responder.open_connections == 0:
             return

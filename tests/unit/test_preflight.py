@@ -175,8 +175,12 @@ def test_a_card_reads_back_and_garbage_is_named() -> None:
     server = CardServer(card(1), port, "127.0.0.2")
     server.start()
     try:
-        assert fetch_card("127.0.0.2", port) == card(1)
-        assert server.fetched_by == {"127.0.0.1"}
+        assert fetch_card("127.0.0.2", port, 0) == card(1)
+        assert server.fetched_by == {0}
+        with socket.create_connection(("127.0.0.2", port)) as s:  # no rank: a card, no count
+            s.sendall(b"\xff\n")
+            assert s.recv(CARD_MAX) == card(1).encode()
+        assert server.fetched_by == {0}
     finally:
         server.stop()
     for data, words in ((b"\xff\xfe", "not a card"), (b"[]", "index, node or rails missing"),
@@ -196,7 +200,8 @@ def serve_garbage(host: str, port: int, stop: threading.Event) -> None:
                 conn, _ = s.accept()
             except TimeoutError:
                 continue
-            with conn:
+            with conn:  # reads the rank line (no reset on close), answers a web page
+                conn.recv(16)
                 conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n<html>")
 
 
