@@ -257,3 +257,26 @@ def test_a_gang_of_two_meets_then_probes_and_says_why_a_probe_could_not_run() ->
                           "cannot probe (the node's agent does not say where this rail's "
                           "GID is)"]
     assert results[1][0].startswith("gang: gpu-1 10.10.0.2 -> gpu-0 10.10.0.1 on rail0")
+
+
+def test_a_gang_of_three_on_one_address_ends_when_done_not_at_its_deadline() -> None:
+    """Three pods whose fetches all come from 127.0.0.1 (pods on one host's network): each
+    knows the others have its card by their ranks, so all end long before the 120 s
+    deadline (the join is a hang guard: counting source addresses waited it out)."""
+    port, probe_port = free_port(), free_port()
+    peers = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    gang = [GangCard(i, f"gpu-{i}", ()) for i in range(3)]  # no rails: nothing to probe
+    results: dict[int, list[str]] = {}
+
+    def pod(i: int) -> None:
+        _, problems = run_gang(gang[i], peers, port, probe_port, time.monotonic() + 120, 1.0,
+                               bind=peers[i])
+        results[i] = [u.line() for u in problems]
+
+    threads = [threading.Thread(target=pod, args=(i,), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a pod waited for its deadline"
+    assert results == {0: [], 1: [], 2: []}
