@@ -15,9 +15,10 @@ from kubernetes import client as k8s
 from tests.kit.apiserver import ApiServer, build_kube_binary
 from tests.kit.helpers import terminate_group, wait_for
 
-# A DaemonSet's pods (the scheduler binds them), the namespaces' `default` service account,
-# and their kube-root-ca.crt ConfigMap (what a projected service-account volume mounts).
-CONTROLLERS = ["daemonset-controller", "serviceaccount-controller",
+# A DaemonSet's pods (the scheduler binds them), a Job's pods and its verdict, the
+# namespaces' `default` service account, and their kube-root-ca.crt ConfigMap (what a
+# projected service-account volume mounts).
+CONTROLLERS = ["daemonset-controller", "job-controller", "serviceaccount-controller",
                "root-ca-certificate-publisher-controller"]
 
 

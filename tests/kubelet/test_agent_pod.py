@@ -168,12 +168,13 @@ def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
 def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         cluster: tuple[ApiServer, ControlPlane], agent_node: Node, pushed_image: str,
         tmp_path: Path) -> None:
-    """`nodeagent preflight` from the agent's image as a pod's init container on the real
-    kubelet: no RDMA device in the container (the pod does not request the resource), a
-    node whose agent says FabricReady=False (its status file, written by the agent's own
-    writer and its lock held as the daemon holds it, mounted read-only) and an NCCL
-    variable that forces sockets. It exits 1, the termination message names each with
-    its fix, and the trainer never starts."""
+    """`nodeagent preflight` from the agent's image as the init container of an Indexed
+    Job's pod on the real kubelet: no RDMA device in the container (the pod does not
+    request the resource), a node whose agent says FabricReady=False (its status file,
+    written by the agent's own writer and its lock held as the daemon holds it, mounted
+    read-only) and an NCCL variable that forces sockets. It exits 1, the termination
+    message names each with its fix, the trainer never starts, and the Job fails whole
+    (backoffLimit 0: the real job controller sees the pod fail)."""
     from nodeagent.model import FABRIC_READY, Finding, Report
     from nodeagent.publish.status import DaemonLock, write_status
 
@@ -194,7 +195,7 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
                 done_writing.wait(5)
         writer = threading.Thread(target=passes, daemon=True)
         writer.start()
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-0"}, "spec": {
+        spec = {
             "nodeName": "node-a", "restartPolicy": "Never",
             "tolerations": [{"operator": "Exists"}],
             "initContainers": [{
@@ -204,12 +205,17 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
                 "volumeMounts": [{"name": "run", "mountPath": "/run/nodeagent",
                                   "readOnly": True}]}],
             "containers": [{"name": "trainer", "image": pushed_image, "args": ["--version"]}],
-            "volumes": [{"name": "run", "hostPath": {"path": str(run), "type": "Directory"}}]}}
-        core.create_namespaced_pod("default", pod)  # type: ignore[arg-type]
+            "volumes": [{"name": "run", "hostPath": {"path": str(run), "type": "Directory"}}]}
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+               "spec": {"completionMode": "Indexed", "completions": 1, "parallelism": 1,
+                        "backoffLimit": 0, "template": {"spec": spec}}}
+        batch = k8s.BatchV1Api(server.client("admin"))
+        batch.create_namespaced_job("default", job)  # type: ignore[arg-type]
 
         def finished() -> Any:
-            got = core.read_namespaced_pod("train-0", "default").status
-            init = (got.init_container_statuses or [None])[0]
+            pods = core.list_namespaced_pod("default", label_selector="job-name=train").items
+            got = pods[0].status if pods else None
+            init = ((got.init_container_statuses or [None])[0]) if got else None
             return got if init is not None and init.state.terminated else None
         try:
             status = wait_for(finished, 180, "the preflight init container to finish")
@@ -227,8 +233,17 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         trainer = status.container_statuses[0]
         assert trainer.state.running is None and trainer.state.terminated is None, trainer
         assert status.phase == "Failed"
+
+        def job_failed() -> Any:
+            got = batch.read_namespaced_job("train", "default").status
+            return next((c for c in got.conditions or [] if c.type == "Failed"
+                         and c.status == "True"), None)
+        failed = wait_for(job_failed, 120, "the Job failed")
+        assert failed.reason == "BackoffLimitExceeded", failed
+        assert batch.read_namespaced_job("train", "default").status.succeeded in (None, 0)
     finally:
         done_writing.set()
         lock.release()
         with contextlib.suppress(k8s.ApiException):
-            core.delete_namespaced_pod("train-0", "default", grace_period_seconds=0)
+            k8s.BatchV1Api(server.client("admin")).delete_namespaced_job(
+                "train", "default", propagation_policy="Background")
