@@ -665,6 +665,9 @@ class Kubernetes(_Strict):
     reconcile_interval: Interval = 600.0  # re-read the Node even when nothing changed
     request_timeout: Timeout = 15.0  # one API request in all, reply included (a server that
     #   trickles its reply cannot hold the publisher)
+    # One API reply or watch event, in bytes: a larger one is refused, never buffered (the
+    # agent reads its Node, its DaemonSet, its node's pods and a group of Leases: KiBs).
+    max_reply: int = Field(default=64 << 20, ge=1 << 20, le=1 << 30)
     event_burst: int = Field(default=10, ge=1, le=10_000)  # Events: token bucket of this size
     event_rate: float = Field(default=0.2, gt=0, le=1000, allow_inf_nan=False)  # ... refilled
     #   at this many per second

@@ -31,7 +31,8 @@ from nodeagent.io.safeyaml import safe_yaml
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
 REQUEST_DEADLINE = 15.0  # a whole request, headers and body: a trickling server cannot hold it
 # One reply, one watch event: far above what the agent reads (its Node, its DaemonSet, the
-# pods on its node: tens of KiB). A server that sends more is refused, not buffered.
+# pods on its node: tens of KiB). A server that sends more is refused, not buffered. The
+# agent's own is kubernetes.max_reply (this by default).
 MAX_REPLY = 64 << 20
 # `kubectl fabric` lists every Node and Lease at once: ~15 KiB a Node, so 10,000 Nodes
 # are ~150 MB.
@@ -120,7 +121,7 @@ def api_client(cfg: Kubernetes, request_deadline: float = REQUEST_DEADLINE) -> A
         except k8s_config.ConfigException:
             k8s_config.load_kube_config(client_configuration=conf)
     conf.retries = False  # callers retry themselves, with the newest state
-    return ApiClient(conf, request_deadline)
+    return ApiClient(conf, request_deadline, cfg.max_reply)
 
 
 @dataclass

@@ -277,8 +277,10 @@ def test_replies_and_watch_lines_past_the_cap_are_refused_not_buffered(
     _Flood.sent = {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Flood)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, server.server_address[1])))
-    api.max_reply = 1 << 20
+    # The cap as configured: kubernetes.max_reply (1 MiB, its smallest).
+    api = api_client(Kubernetes(kubeconfig=kubeconfig(tmp_path, server.server_address[1]),
+                                max_reply=1 << 20))
+    assert api.max_reply == 1 << 20
     try:
         with pytest.raises(ReplyTooLarge, match=r"GET /big: reply of 104857600 bytes, over"):
             call(api, Counters(), "GET", "/big")
