@@ -317,3 +317,49 @@ def test_fleet_without_any_kubeconfig_says_what_it_looked_for(tmp_path: Path) ->
     assert proc.stderr.splitlines() == [
         "fleet: no kubeconfig: none given (--kubeconfig), none in $KUBECONFIG, no "
         "~/.kube/config, and not in a pod (KUBERNETES_SERVICE_HOST is not set)"], proc.stderr
+
+
+class _Raw:
+    """A watch response's body as urllib3 hands it over (`stream(n)` yields chunks), cut
+    where the test says: a parser test, the real server's flood is the test above."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+        self.closed = False
+
+    def stream(self, n: int) -> Iterator[bytes]:
+        yield from self.chunks
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=6), st.integers() | st.text(max_size=30),
+                                max_size=4), max_size=8),
+       st.lists(st.integers(1, 64), max_size=30), st.integers(2, 300))
+def test_a_watch_yields_the_same_events_however_its_bytes_are_cut(
+        events: list[dict[str, Any]], cuts: list[int], limit: int) -> None:
+    """Reply sizes as a property: every event up to the first line over the cap, in order,
+    whatever the chunking; then ReplyTooLarge, never a partial or merged event; and the
+    response is closed either way."""
+    from nodeagent.kube.api import ReplyTooLarge, WatchStream
+
+    lines = [json.dumps(e).encode() for e in events]
+    data = b"".join(line + b"\n" for line in lines)
+    chunks, at = [], 0
+    for n in cuts:
+        if at >= len(data):
+            break
+        chunks.append(data[at:at + n])
+        at += n
+    chunks.append(data[at:])
+    fits = next((i for i, line in enumerate(lines) if len(line) > limit), len(lines))
+    raw = _Raw([c for c in chunks if c])
+    got: list[dict[str, Any]] = []
+    if fits < len(lines):
+        with pytest.raises(ReplyTooLarge):
+            got.extend(WatchStream(raw, limit))
+    else:
+        got.extend(WatchStream(raw, limit))
+    assert got == events[:fits]
+    assert raw.closed

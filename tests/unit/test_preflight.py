@@ -280,3 +280,31 @@ def test_a_gang_of_three_on_one_address_ends_when_done_not_at_its_deadline() -> 
         t.join(30)
     assert not any(t.is_alive() for t in threads), "a pod waited for its deadline"
     assert results == {0: [], 1: [], 2: []}
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"{}", b"null", b'{"index": true, "node": "x", '
+                                  b'"rails": []}', b'{"index": 1, "node": 7, "rails": []}',
+                                  b'{"index": 1, "node": "x", "rails": [7]}'])
+def test_a_peer_card_of_any_other_shape_is_refused_in_words(data: bytes) -> None:
+    from nodeagent.run.gang import parse_card
+
+    with pytest.raises(ValueError, match="not a card"):
+        parse_card(data)
+
+
+def test_any_bytes_at_the_barrier_are_a_card_or_a_value_error() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from nodeagent.run.gang import parse_card
+
+    @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+    @settings(max_examples=300, deadline=None)
+    def check(data: bytes) -> None:
+        try:
+            got = parse_card(data)
+        except ValueError:
+            return
+        assert isinstance(got, GangCard)
+
+    check()
