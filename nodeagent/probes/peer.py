@@ -212,8 +212,10 @@ def _read(end: RailEnd, qp: Any, accept: Accept, size: int, wr_id: int,
 
 
 def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: float
-               ) -> float:
-    """SAMPLE_READS reads of the responder's whole buffer, DEPTH at a time: Gbit/s."""
+               ) -> float | None:
+    """SAMPLE_READS reads of the responder's whole buffer, DEPTH at a time: Gbit/s; None
+    when they do not all complete by the probe's deadline (a slow path is no figure, not a
+    failed probe; a completion in error is a RoCE failure)."""
     import pyverbs.enums as e
     from pyverbs.wr import SGE, SendWR
 
@@ -236,8 +238,7 @@ def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: f
                 raise _Failed(PeerOutcome.ROCE_FAILED, completion_status(wc.status))
             done += 1
         if n == 0 and time.monotonic() > deadline:
-            raise _Failed(PeerOutcome.ROCE_FAILED, "bandwidth sample: no completion by the "
-                          "deadline")
+            return None
     return SAMPLE_READS * size * 8 / (time.perf_counter() - t0) / 1e9
 
 
