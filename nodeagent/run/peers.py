@@ -222,17 +222,15 @@ class PeerService:
             self.responder.serve(served_rails(self.cfg, listing or {}, targets))
 
     def _relist(self) -> None:
-        """The prober's peers from the config and the last discovery; until discovery has
-        run, only the static peers of a config that discovers none are a whole listing."""
+        """The prober's peers: the static ones from the start, the discovered ones added
+        once discovery has answered (an API that is down at start delays those, never the
+        static peers)."""
         peers = self.cfg.peers
         if peers is None:
             return
-        if _discovers(self.cfg) and self.found is None:
-            self.prober.listing = None
-            self.prober.short = {}
-            return
-        self.prober.listing = merged_listing(peers, self.found if peers.discover else None)
-        self.prober.short = dict(self.found.short) if self.found and peers.discover else {}
+        found = self.found if _discovers(self.cfg) else None
+        self.prober.listing = merged_listing(peers, found)
+        self.prober.short = dict(found.short) if found is not None else {}
 
     def _discovered(self, found: Discovered) -> None:
         """From the discovery thread: the new peers reach the prober and the responder."""

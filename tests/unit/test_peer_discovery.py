@@ -401,7 +401,7 @@ def test_the_service_probes_nothing_until_discovery_answers_then_its_peers() -> 
     service = PeerService(CFG, lambda item: None, discovery=FakeDiscovery)  # type: ignore[arg-type]
     service._sync_discovery(None)
     found = service.discovery
-    assert isinstance(found, FakeDiscovery) and service.prober.listing is None
+    assert isinstance(found, FakeDiscovery) and service.prober.listing == {}
     found.found(Discovered({"rail0": (PeerRef("10.10.0.9", "g9"),), "rail1": ()},
                            short={"rail1": "0 live agents on 10.11.0.0/24 besides this one"}))
     assert service.prober.listing == {"rail0": (PeerRef("10.10.0.9", "g9"),)}
@@ -417,4 +417,19 @@ def test_the_service_probes_nothing_until_discovery_answers_then_its_peers() -> 
     service.reconfigure(static)
     assert found.calls[-1] == "stop" and service.discovery is None
     assert service.prober.listing == {"rail0": (PeerRef("10.10.0.6"),)}
+    service.responder.stop()
+
+
+def test_static_peers_are_probed_while_discovery_has_not_answered() -> None:
+    """An API that is down at start delays the discovered peers, never the static ones."""
+    from nodeagent.run.peers import PeerService
+
+    cfg = parse_config({"node_name": "gpu-05", "rails": RAILS, "kubernetes": KUBE,
+                        "peers": {"discover": True, "static": {
+                            "rail0": [{"address": "10.10.0.6", "node": "gpu-06"}]}}})
+    service = PeerService(cfg, lambda item: None, discovery=FakeDiscovery)  # type: ignore[arg-type]
+    service._sync_discovery(None)
+    assert service.prober.listing == {"rail0": (PeerRef("10.10.0.6", "gpu-06"),)}
+    f = peers_finding(cfg, {}, {}, 100.0, listing=service.prober.listing)
+    assert "rail1: discovering peers" in f.message
     service.responder.stop()
