@@ -7,7 +7,9 @@ QUIET_DELIVERY seconds.
 Both follow the rails the loop hands over after each pass (`targets`, the transport
 probe's): a rail whose GID is off its pin, or whose device is not known, is neither probed
 nor served, and is delivered as skipped with the reason. Each rail keeps its device
-context open between rounds; a probe's QP lives for the probe only.
+context open between rounds; a probe's QP lives for the probe only. The peers are the
+config's static ones, then (with `peers.discover`) those run/discovery.py found on the
+rail's network; each round hands the listing over with its probes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ what it refuses and what one connection may cost.
 
 It listens on each ready rail's own address (never a wildcard), one thread for all rails,
 every socket non-blocking under one selector. A connection from an address that is not one
-of the rail's peers is refused at once (a 48-byte Refuse, no QP); one over the limits
+of the rail's peers (with discovery: not on the rail's own network) is refused at once (a
+48-byte Refuse, no QP); one over the limits
 (MAX_CONNECTIONS in all, MAX_PER_PEER from one address) likewise. A known peer has
 HANDSHAKE seconds from its accept to deliver exactly one Hello: more bytes, other bytes or
 too slow a trickle closes the connection. A valid Hello gets one RC QP on the rail's pinned
