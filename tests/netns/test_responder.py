@@ -286,3 +286,29 @@ def test_a_reload_moves_the_responder_to_the_new_port_and_peers(
         s.close()
     finally:
         service.stop()
+
+
+def test_with_discovery_any_address_on_the_rails_network_is_answered_and_no_other(
+        wire: tuple[Netns, Netns], responder: Responder) -> None:
+    """peers.discover: who probes this node is each prober's choice, so the rail's own
+    network is the allow-list. An address on it that no list names is answered (here the
+    device refusal: past the allow-list); one off the network is a stranger."""
+    from ipaddress import IPv4Network
+
+    node, peers = wire
+    peers.ip("addr", "add", "10.10.1.9/16", "dev", "p0")  # reaches 10.10.0.5, off its /24
+    node.ip("route", "add", "10.10.1.0/24", "dev", "r0")
+    responder.serve({"rail0": Served(SERVED["rail0"].target, frozenset(),
+                                     frozenset({IPv4Network("10.10.0.0/24")}))})
+
+    def reply_to(source: str) -> object:
+        s = connect(peers, source)
+        s.sendall(hello_from(source))
+        try:
+            return parse_reply(read_all(s))
+        finally:
+            s.close()
+
+    # Answered, on the network (the allow-list is taken at the responder's next turn):
+    _until(lambda: reply_to(STRANGER) == Refuse(Refusal.DEVICE), "the network answered")
+    assert reply_to("10.10.1.9") == Refuse(Refusal.UNKNOWN_PEER)
