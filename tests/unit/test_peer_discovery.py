@@ -1,7 +1,7 @@
 """Peer discovery's pure parts: the card on a Lease and what any other shape reads as, the
 ring sample (no self, same network, each node probed by about `sample` others), the cost
 of a discovery as the fleet grows (a label-selecting lister over in-memory Leases: the
-API server's own answer is in tests/kube/test_peer_discovery.py), the listing the prober
+API server's own answer is in tests/kube/test_discovery_api.py), the listing the prober
 and the responder get, the condition before and without peers, and the fleet's mesh view.
 """
 
