@@ -120,7 +120,8 @@ def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], t
                  "fabric=true", "-o", "wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NODE", "FABRIC", "REASON", "NET", "GID", "PLUGIN", "LUSTRE",
-                                "TRAFFIC", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "FLAGS"]
+                                "TRAFFIC", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS",
+                                "FLAGS"]
     flagged = [line.split()[0] for line in lines[1:5]]
     assert sorted(flagged) == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
     row1 = next(line for line in lines if line.startswith("fleet-1 "))
@@ -215,7 +216,7 @@ def test_rows_are_pure_and_ages_are_short() -> None:
     rows = fleet_rows([node], [], RESOURCE, KEY, now, 120, 1800)
     assert rows[0].fabric == "-" and rows[0].flags == ["no-agent", "no-rdma"]
     assert render_table(rows, now).splitlines()[1].split() == [
-        "n", "-", "-", "-", "-", "-", "0/0", "no-agent,no-rdma"]
+        "n", "-", "-", "-", "-", "-", "0/0", "-", "no-agent,no-rdma"]
 
 
 def test_firmware_that_differs_from_the_majority_of_its_hca_type_is_flagged() -> None:
