@@ -196,7 +196,9 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         writer = threading.Thread(target=passes, daemon=True)
         writer.start()
         spec = {
-            "nodeName": "node-a", "restartPolicy": "Never",
+            # The host's network, as a RoCE training pod has it (and the only one this node
+            # gives: its CNI is loopback alone).
+            "nodeName": "node-a", "restartPolicy": "Never", "hostNetwork": True,
             "tolerations": [{"operator": "Exists"}],
             "initContainers": [{
                 "name": "nodeagent-preflight", "image": pushed_image,
