@@ -234,7 +234,11 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
             "preflight: env: NCCL_NET=Socket forces sockets: remove it, or set NCCL_NET=IB"], done
         trainer = status.container_statuses[0]
         assert trainer.state.running is None and trainer.state.terminated is None, trainer
-        assert status.phase == "Failed"
+
+        def pod_failed() -> bool:  # the kubelet reports the phase a moment later
+            pods = core.list_namespaced_pod("default", label_selector="job-name=train").items
+            return bool(pods) and pods[0].status.phase == "Failed"
+        wait_for(pod_failed, 60, "the pod Failed")
 
         def job_failed() -> Any:
             got = batch.read_namespaced_job("train", "default").status
