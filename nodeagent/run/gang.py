@@ -84,7 +84,14 @@ class CardServer(threading.Thread):
     def __init__(self, card: GangCard, port: int, bind: str = "0.0.0.0") -> None:
         super().__init__(name="gang-barrier", daemon=True)
         self.card = card.encode()  # replaced whole when the responder is up (ready)
-        self.sock = socket.create_server((bind, port), reuse_port=False, backlog=64)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind((bind, port))
+            self.sock.listen(64)
+        except OSError:
+            self.sock.close()
+            raise
         self.sock.settimeout(0.2)
         self.fetched_by: set[int] = set()
         self._halt = threading.Event()
@@ -206,7 +213,12 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
     n, me = len(peers), card.index
     if n < 2:
         return [], []
-    server = CardServer(card, port, bind)
+    try:
+        server = CardServer(card, port, bind)
+    except OSError as exc:  # another job's preflight on this host's network, most likely
+        return [], [Unfit("gang", f"cannot serve the barrier on {bind}:{port}: "
+                          f"{_words(exc)} (another gang's preflight on this node? give each "
+                          "job its own --gang-port)")]
     server.start()
     responder: Responder | None = None
     try:

@@ -308,3 +308,13 @@ def test_any_bytes_at_the_barrier_are_a_card_or_a_value_error() -> None:
         assert isinstance(got, GangCard)
 
     check()
+
+
+def test_a_barrier_port_already_taken_is_one_line_not_a_traceback() -> None:
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)):
+        _, problems = run_gang(card(0), ["127.0.0.1", "127.0.0.2"], port, free_port(),
+                               time.monotonic() + 5, 1.0, bind="127.0.0.1")
+    assert [u.line() for u in problems] == [
+        f"gang: cannot serve the barrier on 127.0.0.1:{port}: address already in use "
+        "(another gang's preflight on this node? give each job its own --gang-port)"]
