@@ -231,6 +231,8 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
         responder.start()
         server.card = replace(card, ready=True).encode()
         succ, pred = cards[(me + 1) % n], cards[(me - 1) % n]
+        # A barrier that filled at the last moment still leaves the ring its own time.
+        deadline = max(deadline, time.monotonic() + 4 * timeout + 5.0)
         problems = _until_ready(peers[succ.index], port, me, deadline)
         probes = [] if problems else _probe_ring(card, succ, probe_port, timeout)
         problems += [u for p in probes if (u := p.unfit()) is not None]
