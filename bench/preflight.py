@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from common import summary
 
 from nodeagent.model import FABRIC_READY, Finding, Report
 from nodeagent.publish.status import DaemonLock, write_status
+from tests.kit.helpers import free_port
 
 
 def fixtures(root: Path) -> tuple[Path, Path, Path]:
@@ -37,11 +37,6 @@ def fixtures(root: Path) -> tuple[Path, Path, Path]:
     (sysfs / "class" / "infiniband_verbs" / "uverbs0" / "ibdev").write_text("mlx5_0\n")
     return dev, sysfs, run
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from nodeagent.cli.mesh import (
 )
 from nodeagent.config import parse_duration
 from nodeagent.io.files import printable
-from nodeagent.kube.fields import quantity, timestamp
+from nodeagent.kube.fields import obj, quantity, text, timestamp
 from nodeagent.model import (
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
@@ -66,20 +66,11 @@ class FleetRow:
     peers: dict[str, PeerCount] = field(default_factory=dict)
 
 
-def _obj(value: Any) -> Mapping[str, Any]:
-    """A JSON object from someone else's data, or {} when it is anything else."""
-    return value if isinstance(value, dict) else {}
-
-
 DEFAULT_STALE = 180.0  # seconds, for a Lease that states no duration (the agent's default)
 
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
@@ -91,10 +82,10 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
     renewed = {}
     holds: dict[str, float] = {}
     for lease in leases:
-        name = _str(_obj(_obj(lease).get("metadata")).get("name"))
+        name = text(obj(obj(lease).get("metadata")).get("name"))
         if name.startswith("nodeagent-"):
-            spec = _obj(_obj(lease).get("spec"))
-            renewed[name[len("nodeagent-"):]] = timestamp(_str(spec.get("renewTime")))
+            spec = obj(obj(lease).get("spec"))
+            renewed[name[len("nodeagent-"):]] = timestamp(text(spec.get("renewTime")))
             duration = spec.get("leaseDurationSeconds")
             if isinstance(duration, int) and not isinstance(duration, bool) and duration > 0:
                 holds[name[len("nodeagent-"):]] = float(duration)
@@ -103,25 +94,25 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
     cells = mesh_cells(leases)
     counts, suspect = peer_counts(cells), suspects(cells)
     for raw in nodes:
-        node = _obj(raw)
-        name = _str(_obj(node.get("metadata")).get("name"))
-        status = _obj(node.get("status"))
-        conds = {_str(c.get("type")): c for c in map(_obj, _list(status.get("conditions")))}
+        node = obj(raw)
+        name = text(obj(node.get("metadata")).get("name"))
+        status = obj(node.get("status"))
+        conds = {text(c.get("type")): c for c in map(obj, _list(status.get("conditions")))}
         fabric = conds.get(FABRIC_READY, {})
-        taint = next((t for t in map(_obj, _list(_obj(node.get("spec")).get("taints")))
+        taint = next((t for t in map(obj, _list(obj(node.get("spec")).get("taints")))
                       if t.get("key") == taint_key), None)
-        since = _str(fabric.get("lastTransitionTime"))
+        since = text(fabric.get("lastTransitionTime"))
         renew = renewed.get(name)
         row = FleetRow(
-            node=name, fabric=_str(fabric.get("status")) or "-",
-            reason=_str(fabric.get("reason")),
-            conditions={t: {"status": _str(c.get("status")), "reason": _str(c.get("reason")),
-                            "message": _str(c.get("message"))}
+            node=name, fabric=text(fabric.get("status")) or "-",
+            reason=text(fabric.get("reason")),
+            conditions={t: {"status": text(c.get("status")), "reason": text(c.get("reason")),
+                            "message": text(c.get("message"))}
                         for t, c in conds.items() if t in (*COLUMNS, FABRIC_READY)},
-            tainted=taint is not None, taint_reason=_str((taint or {}).get("value")),
+            tainted=taint is not None, taint_reason=text((taint or {}).get("value")),
             since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
-            capacity=quantity(_obj(status.get("capacity")).get(resource)),
-            allocatable=quantity(_obj(status.get("allocatable")).get(resource)))
+            capacity=quantity(obj(status.get("capacity")).get(resource)),
+            allocatable=quantity(obj(status.get("allocatable")).get(resource)))
         limit = stale_after if stale_after is not None else holds.get(name, DEFAULT_STALE)
         if row.heartbeat_age is None or row.heartbeat_age > limit:
             row.flags.append("agent-stale" if renew is not None else "no-agent")
@@ -134,8 +125,8 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
         if row.tainted and changed is not None and now - changed > taint_older:
             row.flags.append("taint-old")
         rows.append(row)
-        labels = _obj(_obj(node.get("metadata")).get("labels"))
-        firmware[row.node] = (_str(labels.get(HCA_TYPE)), _str(labels.get(FW_VERSION)))
+        labels = obj(obj(node.get("metadata")).get("labels"))
+        firmware[row.node] = (text(labels.get(HCA_TYPE)), text(labels.get(FW_VERSION)))
     for row in rows:
         if firmware_minority(firmware, row.node):
             row.flags.append("fw-minority")

@@ -15,15 +15,18 @@ at a barrier, then each rail's RoCE probe of the next pod.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from nodeagent.checks.preflight import PreflightFacts, judge_preflight
 from nodeagent.config import parse_duration
 from nodeagent.io.files import printable
+from nodeagent.kube.fields import obj, text
 from nodeagent.model import FABRIC_READY, NodeRail, NodeVerdict, Unfit
 
 TERMINATION_MAX = 4096  # the kubelet keeps this much of a termination message
@@ -90,10 +93,6 @@ def peer_names(spec: str, size: int) -> list[str]:
     return names
 
 
-def _str(v: Any) -> str:
-    return v if isinstance(v, str) else ""
-
-
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -104,31 +103,30 @@ def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
 
     path = status_path(runtime_dir)
     try:
-        probe = read_status(runtime_dir, 3600.0)
-        daemon = probe.data.get("daemon") or {}
-        every = daemon.get("resync_interval") if isinstance(daemon, dict) else None
-        stale = 2 * every + 10 if isinstance(every, int | float) and every > 0 else 70.0
-        view = read_status(runtime_dir, stale)
+        view = read_status(runtime_dir, math.inf)
     except FileNotFoundError:
         return NodeVerdict(problem=f"no agent status at {path}: mount the host's "
                            f"{runtime_dir} read-only, or use --verdict api")
     except (OSError, ValueError) as exc:
         return NodeVerdict(problem=f"{path}: {printable(str(exc))[:300]}")
     data = view.data
-    rails = tuple(NodeRail(_str(r.get("name")), _str(r.get("address")) or None,
-                           _str(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
+    every = obj(data.get("daemon")).get("resync_interval")
+    stale = 2 * every + 10 if isinstance(every, int | float) and every > 0 else 70.0
+    view = replace(view, stale=view.age > stale)  # stale as `nodeagent status` judges it
+    rails = tuple(NodeRail(text(r.get("name")), text(r.get("address")) or None,
+                           text(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
                            _int(r.get("gid_index_pinned")))
                   for r in data.get("rails", [])[:64] if isinstance(r, dict))
-    lustre = tuple(_str(m.get("mountpoint")) for m in (data.get("lustre") or [])[:64]
-                   if isinstance(m, dict) and _str(m.get("mountpoint")))
+    lustre = tuple(text(m.get("mountpoint")) for m in (data.get("lustre") or [])[:64]
+                   if isinstance(m, dict) and text(m.get("mountpoint")))
     fabric = next((c for c in data["conditions"] if c["type"] == FABRIC_READY), None)
     if view.problem is not None:
-        return NodeVerdict(_str(data.get("node")), rails=rails, lustre=lustre,
+        return NodeVerdict(text(data.get("node")), rails=rails, lustre=lustre,
                            problem=f"the node's agent: {view.problem}")
     if fabric is None:
-        return NodeVerdict(_str(data.get("node")), rails=rails, lustre=lustre,
+        return NodeVerdict(text(data.get("node")), rails=rails, lustre=lustre,
                            problem="the agent's status has no FabricReady")
-    return NodeVerdict(_str(data.get("node")), fabric["status"] == "True", fabric["reason"],
+    return NodeVerdict(text(data.get("node")), fabric["status"] == "True", fabric["reason"],
                        fabric["message"][:500], rails, lustre)
 
 
@@ -149,8 +147,8 @@ def verdict_from_api(node: str) -> NodeVerdict:
     if fabric is None:
         return NodeVerdict(node, problem=f"Node {node} has no FabricReady condition (no "
                            "nodeagent on it?)")
-    return NodeVerdict(node, fabric.get("status") == "True", _str(fabric.get("reason")),
-                       _str(fabric.get("message"))[:500])
+    return NodeVerdict(node, fabric.get("status") == "True", text(fabric.get("reason")),
+                       text(fabric.get("message"))[:500])
 
 
 def statfs_all(paths: list[str], procfs: Path, timeout: float) -> dict[str, str | None]:

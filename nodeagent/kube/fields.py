@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+
+
+def obj(value: Any) -> Mapping[str, Any]:
+    """A JSON object from someone else's data, or {} when it is anything else."""
+    return value if isinstance(value, dict) else {}
+
+
+def text(value: Any) -> str:
+    """A JSON string from someone else's data, or '' when it is anything else."""
+    return value if isinstance(value, str) else ""
 
 
 def timestamp(text: str | None) -> float | None:

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nodeagent.kube.fields import timestamp
+from nodeagent.kube.fields import obj, timestamp
 from nodeagent.model import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats, RailStatus
 
 RING = "ring.nodeagent.io/p"
@@ -100,22 +100,18 @@ def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus]) -> tuple[
 # ---------------------------------------------------------------- reading them back
 
 
-def _obj(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _json(text: Any) -> Mapping[str, Any]:
     if not isinstance(text, str) or len(text) > MAX_ANNOTATION:
         return {}
     try:
-        return _obj(json.loads(text))
+        return obj(json.loads(text))
     except ValueError:
         return {}
 
 
 def lease_node(lease: Any) -> str | None:
     """The node an agent's Lease is for (`nodeagent-<node>`), or None."""
-    name = _obj(_obj(lease).get("metadata")).get("name")
+    name = obj(obj(lease).get("metadata")).get("name")
     if not isinstance(name, str) or not name.startswith(LEASE_PREFIX):
         return None
     node = name[len(LEASE_PREFIX):]
@@ -125,7 +121,7 @@ def lease_node(lease: Any) -> str | None:
 def lease_live(lease: Any, now: float) -> bool:
     """Whether the agent renewed its Lease within the duration it promised (a gone agent's
     card stays behind: probing it would only say PeerNotResponding)."""
-    spec = _obj(_obj(lease).get("spec"))
+    spec = obj(obj(lease).get("spec"))
     renewed = timestamp(spec.get("renewTime") if isinstance(spec.get("renewTime"), str)
                         else None)
     hold = spec.get("leaseDurationSeconds")
@@ -138,13 +134,13 @@ def parse_card(lease: Any) -> PeerCard | None:
     """The card on another agent's Lease; None when it has none or it does not parse.
     Rails with an address that is not a host's IPv4 address are left out."""
     node = lease_node(lease)
-    doc = _json(_obj(_obj(_obj(lease).get("metadata")).get("annotations")).get(CARD))
+    doc = _json(obj(obj(obj(lease).get("metadata")).get("annotations")).get(CARD))
     port = doc.get("port")
     if node is None or not isinstance(port, int) or isinstance(port, bool) \
             or not 0 < port < 65536:
         return None
     rails = []
-    for name, value in list(_obj(doc.get("rails")).items())[:MAX_RAILS]:
+    for name, value in list(obj(doc.get("rails")).items())[:MAX_RAILS]:
         if not isinstance(value, str) or not _RAIL.fullmatch(name):
             continue
         try:
@@ -161,14 +157,14 @@ def parse_card(lease: Any) -> PeerCard | None:
 def parse_mesh(lease: Any) -> dict[str, dict[str, MeshVerdict]]:
     """The prober's verdicts on another agent's Lease: rail -> peer address -> verdict;
     what does not parse is left out."""
-    doc = _json(_obj(_obj(_obj(lease).get("metadata")).get("annotations")).get(MESH))
+    doc = _json(obj(obj(obj(lease).get("metadata")).get("annotations")).get(MESH))
     words = {str(v): v for v in MeshVerdict}
     out: dict[str, dict[str, MeshVerdict]] = {}
     for rail, peers in list(doc.items())[:MAX_RAILS]:
         if not _RAIL.fullmatch(rail):
             continue
         got = {}
-        for address, verdict in list(_obj(peers).items())[:256]:
+        for address, verdict in list(obj(peers).items())[:256]:
             try:
                 ipaddress.IPv4Address(address)
             except ValueError:

@@ -69,6 +69,7 @@ class _Written:
 
 
 class Publisher(threading.Thread):
+    mesh_gap = MESH_GAP  # seconds between early Lease writes of a changed card or mesh
     def __init__(
         self,
         cfg: Kubernetes,
@@ -92,7 +93,6 @@ class Publisher(threading.Thread):
         self._due = _Due()
         self.node_watch: WatchedCollection | None = None  # the agent's own Node, watched
         self._node_dirty = False  # the watch saw a change not yet compared
-        self.mesh_gap = MESH_GAP
 
     # ------------------------------------------------------------ API for the local loop
 

@@ -26,6 +26,7 @@ from nodeagent.cli.preflight import peer_names, report, verdict_from_status
 from nodeagent.model import NodeRail, NodeVerdict, VerbsDevice
 from nodeagent.probes.container import read_verbs_devices
 from nodeagent.run.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
+from tests.kit.helpers import free_port
 
 RAILS = (NodeRail("rail0", "10.10.0.5", "mlx5_0", 1, 3),
          NodeRail("rail1", "10.11.0.5", "mlx5_1", 1, 3))
@@ -163,11 +164,6 @@ def test_no_status_file_fails_closed_with_what_to_mount(tmp_path: Path) -> None:
 def card(i: int) -> GangCard:
     return GangCard(i, f"gpu-{i}", (NodeRail("rail0", f"10.10.0.{i + 1}"),))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_card_reads_back_and_garbage_is_named() -> None:
