@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,45 @@ def lab(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[VM]:
         yield vm
     finally:
         vm.kill()
+
+
+@pytest.fixture(scope="session")
+def peer_node(lab: VM, wheels: Path, tmp_path_factory: pytest.TempPathFactory,
+              ) -> Iterator[Future[VM]]:
+    """The peer node of the two-node cases (tests/lab/test_peers.py), booted on the lab
+    guest's fab0 wire in the background, its agent installed the way a host gets it: its
+    boot and install (3.5 min under emulation) overlap the scenarios before those cases."""
+    workdir = tmp_path_factory.mktemp("node-b")
+
+    def start() -> VM:
+        vm = boot(build_image(), workdir, peer_of=lab.fab_port)
+        try:
+            vm.ssh("hostnamectl set-hostname lab-b")
+            vm.put(wheels, "/root/wheels")
+            vm.put(GUEST, "/root/guest")
+            ensure_agent(vm)
+            vm.ssh("rdma link add rxe0 type rxe netdev ens4")
+        except BaseException:
+            vm.kill()
+            raise
+        return vm
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        booting = pool.submit(start)
+        try:
+            yield booting
+        finally:
+            # A boot still under way is waited for, then killed: no guest outlives the lab.
+            if booting.exception() is None:
+                booting.result().kill()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def peer_node_early(request: pytest.FixtureRequest) -> None:
+    """Start the peer node's boot at the session's first test when a two-node case will
+    run (an autouse fixture, so that it starts before those cases ask for it)."""
+    if any(item.path.name == "test_peers.py" for item in request.session.items):
+        request.getfixturevalue("peer_node")
 
 
 @pytest.fixture

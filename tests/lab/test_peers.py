@@ -16,23 +16,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 from tests.kit.helpers import wait_for
 from tests.kit.labkit import (
-    GUEST,
     VENV,
     condition,
-    ensure_agent,
     hold_qp,
     ipv4_gid_index,
     start_agent,
     status,
 )
-from tests.kit.vm import VM, boot, build_image
+from tests.kit.vm import VM
 
 A_RAIL = {"name": "fab0", "interface": "ens6", "address": "10.20.0.1/24", "mtu": 4200,
           "rdma_device": "rxe2"}
@@ -51,20 +49,14 @@ def peers_of(address: str, node: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def node_b(lab: VM, wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VM]:
-    """The peer node, booted on the lab guest's fab0 wire, its agent installed the way a
-    host gets it."""
-    vm = boot(build_image(), tmp_path_factory.mktemp("node-b"), peer_of=lab.fab_port)
+def node_b(lab: VM, peer_node: Future[VM]) -> Iterator[VM]:
+    """The peer node (booted in the background since the session's first test: conftest),
+    its soft-RoCE device on fab0 and the lab guest's rxe2 on the other end."""
+    vm = peer_node.result(timeout=900)
+    lab.ssh("rdma link show rxe2 >/dev/null 2>&1 || rdma link add rxe2 type rxe netdev ens6")
     try:
-        vm.ssh("hostnamectl set-hostname lab-b")
-        vm.put(wheels, "/root/wheels")
-        vm.put(GUEST, "/root/guest")
-        ensure_agent(vm)
-        vm.ssh("rdma link add rxe0 type rxe netdev ens4")
-        lab.ssh("rdma link show rxe2 >/dev/null 2>&1 || rdma link add rxe2 type rxe netdev ens6")
         yield vm
     finally:
-        vm.kill()
         lab.ssh("rdma link delete rxe2", check=False)
 
 
