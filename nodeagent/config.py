@@ -543,7 +543,7 @@ class CustomCheck(_Strict):
 
     name: str
     command: Argv  # argv; the program by absolute path or on PATH
-    timeout: Timeout = 10.0  # then it is killed (its whole process group) and counts unknown
+    timeout: Timeout = 10.0  # then killed with all it started (its scope); counts unknown
     interval: Interval = 60.0
     reason: str = "CustomCheckFailed"  # the condition's reason when this check fails
 

@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nodeagent.io.bounded import BoundedReads
 from nodeagent.model import ProbeResult
@@ -58,8 +61,14 @@ class BoundedRunner:
             return sum(1 for p, _ in self.outstanding.values() if p.poll() is None)
 
 
+# The process each check runs under, which nothing the check starts can leave (its module
+# says how); run by path with an isolated interpreter that imports only the standard library.
+CHECK_SCOPE = Path(__file__).with_name("check_scope.py")
+SCOPE_GRACE = 3.0  # for a scope asked to stop: its sweep gives up on a child after 2 s
+
+
 class ProcessGroups:
-    """The process groups of the checks running now: killed all at once when their owner
+    """The scopes of the checks running now: all asked to stop at once when their owner
     stops (the daemon's SIGTERM must not leave a ten-minute check running)."""
 
     def __init__(self) -> None:
@@ -83,7 +92,7 @@ class ProcessGroups:
             self._closed = True
             running = list(self._running)
         for pgid in running:
-            _kill_group(pgid)
+            _stop_scope(pgid)
 
 
 @dataclass(frozen=True)
@@ -99,20 +108,25 @@ DRAIN_GRACE = 0.5  # output still read this long after the check ended
 
 def run_bounded(argv: list[str], timeout: float, max_output: int = 4096,
                 groups: ProcessGroups | None = None) -> CommandRun:
-    """Run a check: stdout kept up to `max_output` bytes (the rest read and dropped, so a
-    chatty program never blocks), stderr discarded; past `timeout` its whole process group
-    is killed. Whatever it left running in its group is killed when it ends too: a check
-    must not leave anything behind. Its output is read for DRAIN_GRACE after it ended, then
-    the pipe is closed: a process that left the group (setsid) and holds the pipe cannot
-    keep a thread waiting on it. With `groups`, its group is killed when they are."""
+    """Run a check in its scope (check_scope.py): stdout kept up to `max_output` bytes (the
+    rest read and dropped, so a chatty program never blocks), stderr discarded. When it
+    ends, or past `timeout`, the scope kills it and everything it started, however it
+    detached (setsid, a double fork): a check leaves nothing behind. Its output is read
+    for DRAIN_GRACE after it ended, then the pipe is closed: nothing that holds the pipe
+    keeps a thread waiting on it. With `groups`, its scope is stopped when they are."""
     started = time.monotonic()
+    if shutil.which(argv[0]) is None:
+        why = "no such file" if os.sep in argv[0] and not os.path.exists(argv[0]) else \
+            "not an executable" if os.sep in argv[0] else "not found on PATH"
+        return CommandRun(None, b"", 0.0, f"cannot run {argv[0]}: {why}")
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHECK_SCOPE), "--", *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     except OSError as exc:
         return CommandRun(None, b"", 0.0, f"cannot run {argv[0]}: {exc.strerror or exc}")
     if groups is not None and not groups.add(proc.pid):
-        _kill_group(proc.pid)  # its owner stopped while it started
+        _stop_scope(proc.pid)  # its owner stopped while it started
     kept: list[bytes] = []
     ended = threading.Event()
     assert proc.stdout is not None
@@ -140,11 +154,13 @@ def run_bounded(argv: list[str], timeout: float, max_output: int = 4096,
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
         error = f"no answer within {timeout:g} s (killed)"
-        _kill_group(proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(1.0)  # one in uninterruptible sleep is left: it cannot hold us
-    else:
-        _kill_group(proc.pid)  # its leftovers, e.g. a background child holding stdout
+        _stop_scope(proc.pid)
+        try:
+            proc.wait(SCOPE_GRACE)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)  # a scope that does not answer: its own group at least
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1.0)  # one in uninterruptible sleep is left: it cannot hold us
     finally:
         ended.set()
         reader.join(DRAIN_GRACE + 1.0)
@@ -154,6 +170,12 @@ def run_bounded(argv: list[str], timeout: float, max_output: int = 4096,
             groups.discard(proc.pid)
     return CommandRun(None if error else proc.returncode, b"".join(kept),
                       time.monotonic() - started, error)
+
+
+def _stop_scope(pid: int) -> None:
+    """Ask a check's scope to kill the check and all it started, and to exit."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def _kill_group(pgid: int) -> None:

@@ -62,7 +62,15 @@ def test_1c_networkd_restart_flushes_a_foreign_rule(guest: VM) -> None:
 
 
 def test_2_service_ready_only_after_the_first_pass_with_journal_fields(guest: VM) -> None:
-    start_agent(guest)  # Type=notify: returns once READY=1 (after the first full pass)
+    # A site's check that daemonizes a helper (setsid: out of its process group) and
+    # passes, run in the unit's sandbox (ProtectControlGroups, MemoryDenyWriteExecute, its
+    # system-call filter): its scope takes the orphan and kills it when the check ends.
+    guest.write("/usr/local/libexec/escape-check",
+                "#!/bin/sh\nsetsid sleep 4321 &\necho detached a helper\n")
+    guest.ssh("chmod 755 /usr/local/libexec/escape-check")
+    start_agent(guest, custom_checks={"checks": [  # Type=notify: returns once READY=1
+        {"name": "escapes", "command": ["/usr/local/libexec/escape-check"],
+         "interval": "1h"}]})  # once: its result comes after its scope swept
     state = json.loads(guest.ssh("cat /run/nodeagent/status.json").stdout)
     assert state["daemon"]["passes"] >= 1
     show = guest.ssh("systemctl show nodeagent -p ActiveState -p StatusText").stdout
@@ -75,6 +83,10 @@ def test_2_service_ready_only_after_the_first_pass_with_journal_fields(guest: VM
     entries = [json.loads(line) for line in journal.splitlines() if line.strip()]
     assert any("repaired" in e.get("MESSAGE", "") and e.get("RAIL") == "rail0"
                for e in entries), journal[-2000:]
+    wait_for(lambda: condition(guest, "CustomChecksPassed") == ("True", "CustomChecksPassed"),
+             30, "the check's result")
+    helpers = guest.ssh("pgrep -f '[s]leep 4321'", check=False).stdout.split()
+    assert not helpers, f"the check's detached helper outlived it: {helpers}"
 
 
 def test_2a_carrier_loss_keeps_address_and_gid(guest: VM) -> None:

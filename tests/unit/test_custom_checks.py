@@ -5,6 +5,7 @@ they feed and the config errors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -147,15 +148,16 @@ def test_a_check_running_when_its_source_stops_is_killed(tmp_path: Path) -> None
     from tests.kit.helpers import wait_for
 
     pidfile = tmp_path / "check.pid"
+    # a child in its group, and one out of it (setsid: the group kill alone missed it)
     long = script(tmp_path, "long", f"echo $$ > {pidfile}; sleep 600 & echo $! >> {pidfile};"
-                                    " wait")
+                                    f" setsid sleep 600 & echo $! >> {pidfile}; wait")
     cfg = parse_config({"custom_checks": {"checks": [
         {"name": "long", "command": [long], "timeout": "15m"}]}})
     got: queue.SimpleQueue[object] = queue.SimpleQueue()
     monitor = CustomChecksMonitor(cfg, got.put)
     monitor.start()
-    wait_for(lambda: len(pidfile.read_text().split()) == 2 if pidfile.exists() else False,
-             what="the check and its child running")
+    wait_for(lambda: len(pidfile.read_text().split()) == 3 if pidfile.exists() else False,
+             what="the check and its children running")
     pids = [int(p) for p in pidfile.read_text().split()]
     monitor.stop()
     wait_for(lambda: all(_gone(pid) for pid in pids), what="the check and its child killed")
@@ -163,27 +165,85 @@ def test_a_check_running_when_its_source_stops_is_killed(tmp_path: Path) -> None
     assert not monitor.is_alive() and got.empty(), "a killed check is no result"
 
 
-def test_a_check_that_escapes_its_group_holds_no_thread(tmp_path: Path) -> None:
+def escaping(tmp_path: Path, pidfile: Path, then: str, double_fork: bool = False) -> str:
+    """A check that daemonizes a `sleep 600` out of its process group (setsid, or setsid
+    from a subshell that exits at once: a double fork), waits until it runs, then `then`."""
+    detach = f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 600' &"
+    if double_fork:
+        detach = f"( {detach} ) &"
+    return script(tmp_path, "escapes", f"{detach}\n"
+                  f"while [ ! -s {pidfile} ]; do sleep 0.01; done\n"  # out of our group now
+                  + then)
+
+
+def escaped_pid(pidfile: Path) -> int:
+    from tests.kit.helpers import wait_for
+
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the escape")
+    return int(pidfile.read_text())
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 9)
+
+
+@pytest.mark.parametrize("double_fork", [False, True], ids=["setsid", "double-fork"])
+def test_a_check_that_escapes_its_group_is_killed_and_holds_no_thread(
+        tmp_path: Path, double_fork: bool) -> None:
     """A check that daemonizes (setsid) keeps its stdout open past its own end. Before, the
-    reader thread stayed blocked on that pipe for as long as the escaped process lived."""
+    reader thread stayed blocked on that pipe for as long as the escaped process lived;
+    then the pipe was closed, but the escaped process ran on (the group kill missed it).
+    Now the check's scope gets its orphans and kills them."""
     import threading
 
     pidfile = tmp_path / "escaped.pid"
-    escapes = script(tmp_path, "escapes",
-                     f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 600' &\n"
-                     f"while [ ! -s {pidfile} ]; do sleep 0.01; done\n"  # out of our group now
-                     "echo started; exit 0")
     before = {t.ident for t in threading.enumerate() if t.name == "check-output"}
     try:
-        got = check([escapes])
+        got = check([escaping(tmp_path, pidfile, "echo started; exit 0", double_fork)])
         assert (got.verdict, got.message) == ("ok", "started")
         left = [t for t in threading.enumerate()
                 if t.name == "check-output" and t.ident not in before]
         assert not left, "a reader thread still waits on the escaped process's pipe"
+        assert _gone(escaped_pid(pidfile)), "the escaped process outlived its check"
     finally:
-        for _ in range(100):
-            if pidfile.exists() and pidfile.read_text().strip():
-                break
-            time.sleep(0.05)
         if pidfile.exists() and pidfile.read_text().strip():
-            os.kill(int(pidfile.read_text()), 9)
+            _kill_quietly(int(pidfile.read_text()))
+
+
+def test_a_check_past_its_timeout_is_killed_with_what_it_detached(tmp_path: Path) -> None:
+    """The check traps TERM and hangs after daemonizing a child: at its timeout both go."""
+    pidfile = tmp_path / "escaped.pid"
+    try:
+        hangs = escaping(tmp_path, pidfile, "trap '' TERM; echo $$ >> " + str(tmp_path / "me")
+                         + "; sleep 600")
+        got = check([hangs], timeout="1s")
+        assert got.verdict == "unknown" and "killed" in got.message, got
+        assert _gone(escaped_pid(pidfile)), "the escaped process outlived the timeout"
+        assert _gone(int((tmp_path / "me").read_text())), "the check outlived its timeout"
+    finally:
+        if pidfile.exists() and pidfile.read_text().strip():
+            _kill_quietly(int(pidfile.read_text()))
+
+
+def test_the_agent_killed_outright_takes_its_checks_with_it(tmp_path: Path) -> None:
+    """SIGKILL to the process running a check (the agent crashing, the OOM killer): the
+    scope's parent-death signal makes it kill the check and what it detached."""
+    import subprocess
+    import sys
+
+    pidfile = tmp_path / "escaped.pid"
+    hangs = escaping(tmp_path, pidfile, "sleep 600")
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "from nodeagent.io.commands import run_bounded; "
+        f"run_bounded([{hangs!r}], 600)")])
+    try:
+        escaped = escaped_pid(pidfile)
+        runner.kill()
+        runner.wait()
+        from tests.kit.helpers import wait_for
+        wait_for(lambda: _gone(escaped), what="the escaped process killed with the agent")
+    finally:
+        runner.kill()
+        if pidfile.exists() and pidfile.read_text().strip():
+            _kill_quietly(int(pidfile.read_text()))
