@@ -29,11 +29,15 @@ AGENT_GROUP = "nodeagent:agents"
 KUBE_VERSION = "v1.34.4"  # tools/testenv/go.mod's k8s.io/kubernetes
 
 
-def source_hash() -> str:
-    """A hash of the module's go.mod, go.sum and every Go file: what every build here is
-    cached by."""
+def source_hash(package: str | None = ".") -> str:
+    """A hash of the module's go.mod and go.sum and of the Go files of `package` (a directory
+    of the module, "." the testenv command; None for a binary of a dependency, built from
+    the module's requirements alone): what each build is cached by, so a change to one
+    test program rebuilds that program, not the API server and the kubelet."""
     h = hashlib.sha256()
-    files = [TESTENV_SRC / "go.mod", TESTENV_SRC / "go.sum", *sorted(TESTENV_SRC.rglob("*.go"))]
+    files = [TESTENV_SRC / "go.mod", TESTENV_SRC / "go.sum"]
+    if package is not None:
+        files += sorted((TESTENV_SRC / package).glob("*.go"))
     for path in files:
         h.update(str(path.relative_to(TESTENV_SRC)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
@@ -77,11 +81,11 @@ def build_testenv() -> Path:
 def build_kube_binary(name: str) -> Path:
     """k8s.io/kubernetes/cmd/<name> of tools/testenv's module (the kubelet, the scheduler,
     the controller manager), stamped with its version (else it reports v0.0.0-master),
-    cached by source hash."""
+    cached by the module's requirements."""
     major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
     stamp = " ".join(["-s", "-w"] + [f"-X k8s.io/component-base/version.{k}={v}" for k, v in (
         ("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor))])
-    return go_build(CACHE / f"{name}-{source_hash()}",
+    return go_build(CACHE / f"{name}-{source_hash(None)}",
                     [f"-ldflags={stamp}", f"k8s.io/kubernetes/cmd/{name}"], TESTENV_SRC, name)
 
 

@@ -25,7 +25,7 @@ NAME_ANNOTATION = "io.containerd.image.name"
 def build_program(package: str, goarch: str = "amd64") -> Path:
     """tools/testenv/<package> built static for linux/<goarch>, cached by source hash."""
     env = {**os.environ, "CGO_ENABLED": "0", "GOOS": "linux", "GOARCH": goarch}
-    return go_build(CACHE / f"{package}-{goarch}-{source_hash()}",
+    return go_build(CACHE / f"{package}-{goarch}-{source_hash(package)}",
                     ["-ldflags=-s -w", f"./{package}"], TESTENV_SRC,
                     f"tools/testenv/{package} for {goarch}", env)
 

@@ -7,6 +7,7 @@ and bench/kubelet_incident.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
@@ -23,12 +24,16 @@ GOOD, ARM64, MISLABELED = ("nodeagent.test/rdma-dp:good", "nodeagent.test/rdma-d
                            "nodeagent.test/rdma-dp:arm64-says-amd64")
 
 
-def start_plugin_node(n: Node, core: k8s.CoreV1Api) -> None:
-    """Start the node, import the plugin's images, create the plugin's DaemonSet (no pod)."""
+def start_plugin_node(n: Node, core: k8s.CoreV1Api,
+                      devices: dict[str, Path] | None = None) -> None:
+    """Start the node, import the plugin's images, create the plugin's DaemonSet (no pod).
+    With `devices` (container path: host node), each allocation hands the container those
+    device nodes, as the RDMA shared device plugin hands /dev/infiniband/uverbsN."""
     n.start()
     # A plugin that takes 3 s to register again after a kubelet restart, so the restart's
     # gap in the resource is long enough to be seen.
     args = ["/app", "-resource", RESOURCE, "-count", str(DEVICES), "-reregister-delay", "3s"]
+    args += [a for path, host in (devices or {}).items() for a in ("-device", f"{host}={path}")]
     n.import_image(GOOD, "deviceplugin", entrypoint=args)
     n.import_image(ARM64, "deviceplugin", goarch="arm64", entrypoint=args)
     # The image someone built on an arm64 laptop and labelled by hand: only the runtime's log

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import stat
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -69,8 +71,15 @@ def agent_node(cluster: tuple[ApiServer, ControlPlane], registry: Registry,
     server, _ = cluster
     n = Node(server, tmp_path_factory.mktemp("node"), "node-a", taint=BOOT,
              registries={registry.host: registry.ca})
+    # What the RDMA plugin hands a container, /dev/infiniband/uverbs0, from a character
+    # device of this host's (it has no RDMA device): /dev/null's numbers, which open. The
+    # runtime makes the node in the container from the plugin's DeviceSpec and lets its
+    # device cgroup open it, as for a real uverbs node.
+    uverbs = tmp_path_factory.mktemp("hca") / "uverbs0"
+    os.mknod(uverbs, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     try:
-        start_plugin_node(n, k8s.CoreV1Api(server.client("admin")))
+        start_plugin_node(n, k8s.CoreV1Api(server.client("admin")),
+                          devices={"/dev/infiniband/uverbs0": uverbs})
         yield n
     finally:
         n.stop()
@@ -165,6 +174,92 @@ def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
     assert conditions["Ready"][0] == "True", "the kubelet's own condition stays beside them"
 
 
+@contextlib.contextmanager
+def status_writer(run: Path, data: dict[str, Any]) -> Iterator[None]:
+    """The agent's status file in `run` as the daemon keeps it: written by its own writer
+    every few seconds, its lock held."""
+    from nodeagent.publish.status import DaemonLock, write_status
+
+    lock = DaemonLock(run)
+    lock.acquire()
+    done = threading.Event()
+
+    def passes() -> None:
+        while not done.is_set():
+            write_status(run, data, {"state": "running", "resync_interval": 30})
+            done.wait(5)
+    writer = threading.Thread(target=passes, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        done.set()
+        writer.join()
+        lock.release()
+
+
+def test_preflight_passes_with_the_device_the_plugin_hands_and_the_trainer_runs(
+        cluster: tuple[ApiServer, ControlPlane], agent_node: Node, pushed_image: str,
+        tmp_path: Path) -> None:
+    """The positive path on the real kubelet: the pod requests the RDMA resource, the test
+    device plugin's allocation hands its init container /dev/infiniband/uverbs0 (a real
+    DeviceSpec through containerd and runc), the node's agent says FabricReady=True with a
+    rail on rxe0 pinned at index 3, and the NCCL settings name that device and index. The
+    preflight opens the device and exits 0, and the trainer runs to completion."""
+    from nodeagent.model import FABRIC_READY, Finding, Report
+
+    server, plane = cluster
+    core = k8s.CoreV1Api(server.client("admin"))
+    run = tmp_path / "run"
+    # The sysfs view of the device (drivers/infiniband/core/uverbs_main.c, ibdev_show: the
+    # RDMA device's name and a newline); this host's own /sys has no infiniband_verbs.
+    sysfs = tmp_path / "sys"
+    (sysfs / "class" / "infiniband_verbs" / "uverbs0").mkdir(parents=True)
+    (sysfs / "class" / "infiniband_verbs" / "uverbs0" / "ibdev").write_text("rxe0\n")
+    report = Report("node-a", [Finding(FABRIC_READY, "True", "AllConditionsPassed",
+                                       "every fabric condition passes")]).as_dict()
+    report["rails"] = [{"name": "rail0", "address": "10.10.0.5/24", "rdma_device": "rxe0",
+                        "rdma_port": 1, "gid_index_pinned": 3}]
+    limits = {"resources": {"limits": {RESOURCE: "1"}}}
+    nccl = [{"name": "NCCL_IB_HCA", "value": "=rxe0:1"},
+            {"name": "NCCL_IB_GID_INDEX", "value": "3"}]
+    spec = {
+        "nodeName": "node-a", "restartPolicy": "Never", "hostNetwork": True,
+        "tolerations": [{"operator": "Exists"}],
+        "initContainers": [{
+            "name": "nodeagent-preflight", "image": pushed_image, **limits, "env": nccl,
+            "args": ["preflight", "--resource", RESOURCE, "--sysfs", "/fabric-sys"],
+            "volumeMounts": [
+                {"name": "run", "mountPath": "/run/nodeagent", "readOnly": True},
+                {"name": "sys", "mountPath": "/fabric-sys", "readOnly": True}]}],
+        "containers": [{"name": "trainer", "image": pushed_image, "args": ["--version"],
+                        **limits, "env": nccl}],
+        "volumes": [{"name": "run", "hostPath": {"path": str(run), "type": "Directory"}},
+                    {"name": "sys", "hostPath": {"path": str(sysfs), "type": "Directory"}}]}
+    pod = {"metadata": {"name": "train-fit"}, "spec": spec}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(status_writer(run, report))
+        core.create_namespaced_pod("default", pod)  # type: ignore[arg-type]
+
+        def delete_pod() -> None:
+            with contextlib.suppress(k8s.ApiException):
+                core.delete_namespaced_pod("train-fit", "default", grace_period_seconds=0)
+        stack.callback(delete_pod)
+
+        def ended() -> Any:
+            got = core.read_namespaced_pod("train-fit", "default").status
+            return got if got.phase in ("Succeeded", "Failed") else None
+        try:
+            status = wait_for(ended, 180, "the pod to end")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnosis(server, agent_node, plane)}") from exc
+        init = status.init_container_statuses[0].state.terminated
+        assert (init.exit_code, init.message) == (0, "preflight: fit\n"), init
+        assert status.phase == "Succeeded", status
+        trainer = status.container_statuses[0].state.terminated
+        assert trainer is not None and trainer.exit_code == 0, trainer
+
+
 def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         cluster: tuple[ApiServer, ControlPlane], agent_node: Node, pushed_image: str,
         tmp_path: Path) -> None:
@@ -176,25 +271,19 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
     message names each with its fix, the trainer never starts, and the Job fails whole
     (backoffLimit 0: the real job controller sees the pod fail)."""
     from nodeagent.model import FABRIC_READY, Finding, Report
-    from nodeagent.publish.status import DaemonLock, write_status
 
     server, plane = cluster
     core = k8s.CoreV1Api(server.client("admin"))
     run = tmp_path / "run"
-    lock = DaemonLock(run)
-    lock.acquire()
-    done_writing = threading.Event()
-    try:
-        report = Report("node-a", [Finding(FABRIC_READY, "False", "RuleMissing",
-                                           "RoCENetworkReady=False (RuleMissing)")])
+    report = Report("node-a", [Finding(FABRIC_READY, "False", "RuleMissing",
+                                       "RoCENetworkReady=False (RuleMissing)")])
+    batch = k8s.BatchV1Api(server.client("admin"))
 
-        def passes() -> None:  # a pass's status every few seconds, as the daemon writes it
-            while not done_writing.is_set():
-                write_status(run, report.as_dict(), {"state": "running",
-                                                     "resync_interval": 30})
-                done_writing.wait(5)
-        writer = threading.Thread(target=passes, daemon=True)
-        writer.start()
+    def delete_job() -> None:
+        with contextlib.suppress(k8s.ApiException):
+            batch.delete_namespaced_job("train", "default", propagation_policy="Background")
+    with status_writer(run, report.as_dict()), contextlib.ExitStack() as cleanup:
+        cleanup.callback(delete_job)
         spec = {
             # The host's network, as a RoCE training pod has it (and the only one this node
             # gives: its CNI is loopback alone).
@@ -211,7 +300,6 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
                "spec": {"completionMode": "Indexed", "completions": 1, "parallelism": 1,
                         "backoffLimit": 0, "template": {"spec": spec}}}
-        batch = k8s.BatchV1Api(server.client("admin"))
         batch.create_namespaced_job("default", job)  # type: ignore[arg-type]
 
         def finished() -> Any:
@@ -247,9 +335,3 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         failed = wait_for(job_failed, 120, "the Job failed")
         assert failed.reason == "BackoffLimitExceeded", failed
         assert batch.read_namespaced_job("train", "default").status.succeeded in (None, 0)
-    finally:
-        done_writing.set()
-        lock.release()
-        with contextlib.suppress(k8s.ApiException):
-            k8s.BatchV1Api(server.client("admin")).delete_namespaced_job(
-                "train", "default", propagation_policy="Background")

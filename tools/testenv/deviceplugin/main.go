@@ -3,9 +3,14 @@
 // from a real kubelet. It re-registers when the kubelet restarts (the kubelet removes every
 // socket in the plugin directory when it starts, which is how a plugin learns of it).
 //
+// Each allocation hands the container the -device nodes, as the RDMA shared device plugin
+// (Mellanox/k8s-rdma-shared-dev-plugin, pkg/resources/rdma_device_spec.go) hands it
+// /dev/infiniband/uverbsN, rdma_cm and umadN: a DeviceSpec per node, permissions "rwm", which
+// the runtime creates in the container and lets its device cgroup open.
+//
 // Usage: deviceplugin -resource rdma/hca -count 4 [-dir /var/lib/kubelet/device-plugins]
 //
-//	[-reregister-delay 3s]
+//	[-reregister-delay 3s] [-device HOSTPATH=CONTAINERPATH ...]
 package main
 
 import (
@@ -16,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +33,21 @@ import (
 type plugin struct {
 	api.UnimplementedDevicePluginServer
 	devices []*api.Device
+	specs   []*api.DeviceSpec
+}
+
+// deviceFlags collects -device HOSTPATH=CONTAINERPATH.
+type deviceFlags []*api.DeviceSpec
+
+func (d *deviceFlags) String() string { return fmt.Sprint(len(*d)) }
+
+func (d *deviceFlags) Set(v string) error {
+	host, container, ok := strings.Cut(v, "=")
+	if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(container) {
+		return fmt.Errorf("want HOSTPATH=CONTAINERPATH, both absolute: %q", v)
+	}
+	*d = append(*d, &api.DeviceSpec{HostPath: host, ContainerPath: container, Permissions: "rwm"})
+	return nil
 }
 
 func (p *plugin) GetDevicePluginOptions(context.Context, *api.Empty) (*api.DevicePluginOptions, error) {
@@ -44,7 +65,8 @@ func (p *plugin) ListAndWatch(_ *api.Empty, s grpc.ServerStreamingServer[api.Lis
 func (p *plugin) Allocate(_ context.Context, req *api.AllocateRequest) (*api.AllocateResponse, error) {
 	resp := &api.AllocateResponse{}
 	for range req.ContainerRequests {
-		resp.ContainerResponses = append(resp.ContainerResponses, &api.ContainerAllocateResponse{})
+		resp.ContainerResponses = append(resp.ContainerResponses,
+			&api.ContainerAllocateResponse{Devices: p.specs})
 	}
 	return resp, nil
 }
@@ -84,12 +106,15 @@ func main() {
 	dir := flag.String("dir", api.DevicePluginPath, "the kubelet's device-plugin directory")
 	delay := flag.Duration("reregister-delay", 0,
 		"wait this long before registering again after a kubelet restart (a slow plugin)")
+	var specs deviceFlags
+	flag.Var(&specs, "device", "HOSTPATH=CONTAINERPATH: a device node each allocation hands "+
+		"the container (repeatable)")
 	flag.Parse()
 	if *resource == "" {
 		fmt.Fprintln(os.Stderr, "deviceplugin: -resource is required")
 		os.Exit(2)
 	}
-	p := &plugin{}
+	p := &plugin{specs: specs}
 	for i := 0; i < *count; i++ {
 		p.devices = append(p.devices, &api.Device{ID: fmt.Sprintf("dev%d", i), Health: api.Healthy})
 	}
