@@ -90,6 +90,21 @@ def rule_priorities(vm: VM) -> set[int]:
     return {r.get("priority") for r in json.loads(vm.ssh("ip -j rule show").stdout)}
 
 
+def restart_networkd(vm: VM) -> None:
+    """Restart systemd-networkd without holding an ssh session across it: the restart is
+    queued (--no-block) and then polled with short commands, each of which reconnects if
+    the management link was busy. A session held across the restart was seen to hang for
+    the whole ssh timeout on a loaded host (scenario 2c, 120 s), the guest healthy after."""
+    vm.ssh("systemctl restart --no-block systemd-networkd")
+
+    def restarted() -> bool:
+        res = vm.ssh("systemctl is-active systemd-networkd; systemctl list-jobs --no-legend "
+                     "systemd-networkd.service", check=False, timeout=30)
+        return res.stdout.split()[:1] == ["active"] and "networkd" not in res.stdout.split(
+            "\n", 1)[-1]
+    wait_for(restarted, 120, "systemd-networkd restarted")
+
+
 def start_agent(vm: VM, **extra: Any) -> None:
     """The agent as its systemd service, configured for both rails."""
     cfg = {"node_name": "lab", "rails": RAILS, "gid_source": "pyverbs",

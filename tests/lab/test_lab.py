@@ -20,6 +20,7 @@ from tests.kit.labkit import (
     ipv4_gid_index,
     nm_static,
     pyverbs_and_sysfs,
+    restart_networkd,
     rule_priorities,
     start_agent,
     status,
@@ -54,7 +55,7 @@ def test_1c_networkd_restart_flushes_a_foreign_rule(guest: VM) -> None:
     guest.ssh("networkctl reload && networkctl reconfigure ens4")
     wait_for(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 30, "networkd's address")
     guest.ssh("ip rule add priority 1000 from 10.10.0.5 table 100")
-    guest.ssh("systemctl restart systemd-networkd")
+    restart_networkd(guest)
     wait_for(lambda: 1000 not in rule_priorities(guest), 20, "the foreign rule flushed")
 
 
@@ -222,15 +223,16 @@ def test_2c_networkd_restart_the_agent_restores_the_rules(guest: VM) -> None:
     guest.ssh("networkctl reload && networkctl reconfigure ens4")
     start_agent(guest)
     wait_for(lambda: 1000 in rule_priorities(guest), 10, "the agent's rule")
-    guest.ssh("systemctl restart systemd-networkd")
+    restart_networkd(guest)
     # networkd flushes foreign rules on restart (1c); the agent puts ours back at once.
     wait_for(lambda: 1000 in rule_priorities(guest), 10, "the rule restored")
     # With the role's setting networkd leaves them alone.
     guest.write("/etc/systemd/networkd.conf.d/nodeagent.conf",
                 "[Network]\nManageForeignRoutingPolicyRules=no\nManageForeignRoutes=no\n")
-    guest.ssh("systemctl stop nodeagent && systemctl restart systemd-networkd")
+    guest.ssh("systemctl stop nodeagent")
+    restart_networkd(guest)
     guest.ssh("ip rule add priority 1000 from 10.10.0.5 table 100 2>/dev/null; true")
-    guest.ssh("systemctl restart systemd-networkd")
+    restart_networkd(guest)
     time.sleep(3)
     assert 1000 in rule_priorities(guest), "ManageForeignRoutingPolicyRules=no keeps it"
 
