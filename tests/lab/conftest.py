@@ -50,7 +50,8 @@ def peer_node(lab: VM, wheels: Path, tmp_path_factory: pytest.TempPathFactory,
               ) -> Iterator[Future[VM]]:
     """The peer node of the two-node cases (tests/lab/test_peers.py), booted on the lab
     guest's fab0 wire in the background, its agent installed the way a host gets it: its
-    boot and install (3.5 min under emulation) overlap the scenarios before those cases."""
+    boot and install (3.5 min under emulation) overlap the tests run before those cases
+    (in CI, the role's test)."""
     workdir = tmp_path_factory.mktemp("node-b")
 
     def start() -> VM:
