@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 
-TYPE_CHECKING = False  # typing's own costs each check an import
+TYPE_CHECKING = False  # read by mypy as typing.TYPE_CHECKING; typing costs each check
 if TYPE_CHECKING:
     from collections.abc import Callable
 
