@@ -97,7 +97,8 @@ class Image:
 
 
 def _run(*args: str, timeout: float = 1800, **kw: object) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)  # type: ignore[call-overload]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout,  # type: ignore[call-overload]
+                         stdin=subprocess.DEVNULL, **kw)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:3])} ... failed ({res.returncode}):\n"
                            f"{(res.stdout + res.stderr)[-3000:]}")
@@ -209,7 +210,8 @@ class VM:
             "-serial", f"file:{self.workdir / 'console.log'}",
         ]
         with open(self.workdir / "qemu.log", "wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -273,7 +275,11 @@ class VM:
             args = ["ssh", "-q", *self._ssh_options(direct=attempt > 0), "-p",
                     str(self.ssh_port), "root@127.0.0.1", command]
             try:
-                res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+                # stdin a /dev/null of its own: ssh makes its stdin non-blocking, and a
+                # stdin shared with the process (the peer node's boot runs beside the
+                # role's test) made ansible-playbook refuse to start in CI.
+                res = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                                     stdin=subprocess.DEVNULL)
             except subprocess.TimeoutExpired as exc:
                 if self.booted:
                     self._drop_master()  # a session may be stuck in it

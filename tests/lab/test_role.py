@@ -5,10 +5,12 @@ second run changes nothing, a config the agent rejects is never put in place."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +67,8 @@ class Play:
             args += ["--start-at-task", start_at]
         started = time.monotonic()
         res = subprocess.run([*args, str(ANSIBLE / "playbook.yml")], capture_output=True,
-                             text=True, env=env, cwd=ANSIBLE, timeout=900)
+                             text=True, env=env, cwd=ANSIBLE, timeout=900,
+                             stdin=subprocess.DEVNULL)
         out = res.stdout + res.stderr
         print(f"ansible-playbook: exit {res.returncode} in {time.monotonic() - started:.1f}s")
         recap = re.search(r"^lab\s+:\s+(.*)$", out, re.M)
@@ -90,6 +93,29 @@ def bare(lab: VM) -> Iterator[VM]:
         yield lab
     finally:
         lab.ssh(settings)
+
+
+def test_a_guest_command_leaves_this_process_stdin_blocking(lab: VM) -> None:
+    """ssh makes its stdin non-blocking while it runs. A guest command that shared this
+    process's stdin did that to ansible-playbook's too (the peer node boots beside the role's
+    test): "Ansible requires blocking IO on stdin", and CI was red. Each command here runs
+    while this process's stdin is a pipe, watched for O_NONBLOCK until the command ends."""
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    seen = []
+    try:
+        running = threading.Thread(target=lab.ssh, args=("sleep 3",))
+        running.start()
+        while running.is_alive():
+            seen.append(bool(fcntl.fcntl(0, fcntl.F_GETFL) & os.O_NONBLOCK))
+            time.sleep(0.02)
+        running.join()
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+    assert seen and not any(seen), f"stdin non-blocking in {sum(seen)} of {len(seen)} looks"
 
 
 def test_role_installs_the_agent_and_settings_then_changes_nothing(
