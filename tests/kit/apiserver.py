@@ -74,19 +74,25 @@ def go_build(binary: Path, args: list[str], cwd: Path, what: str,
 
 def build_testenv() -> Path:
     """The testenv binary, built when missing or when its source changed."""
-    return go_build(CACHE / f"testenv-{source_hash()}", ["-ldflags=-s -w", "."], TESTENV_SRC,
-                    "tools/testenv (kube-apiserver and etcd)")
+    return go_build(CACHE / f"testenv-{source_hash()}", [f"-ldflags={version_stamp()}", "."],
+                    TESTENV_SRC, "tools/testenv (kube-apiserver and etcd)")
+
+
+def version_stamp() -> str:
+    """The linker flags that stamp a Kubernetes binary with its version (else it reports
+    v0.0.0-master, which clients that parse the server's version refuse: Kueue exits)."""
+    major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
+    return " ".join(["-s", "-w"] + [f"-X k8s.io/component-base/version.{k}={v}" for k, v in (
+        ("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor))])
 
 
 def build_kube_binary(name: str) -> Path:
     """k8s.io/kubernetes/cmd/<name> of tools/testenv's module (the kubelet, the scheduler,
-    the controller manager), stamped with its version (else it reports v0.0.0-master),
-    cached by the module's requirements."""
-    major, minor = KUBE_VERSION.lstrip("v").split(".")[:2]
-    stamp = " ".join(["-s", "-w"] + [f"-X k8s.io/component-base/version.{k}={v}" for k, v in (
-        ("gitVersion", KUBE_VERSION), ("gitMajor", major), ("gitMinor", minor))])
+    the controller manager), stamped with its version, cached by the module's
+    requirements."""
     return go_build(CACHE / f"{name}-{source_hash(None)}",
-                    [f"-ldflags={stamp}", f"k8s.io/kubernetes/cmd/{name}"], TESTENV_SRC, name)
+                    [f"-ldflags={version_stamp()}", f"k8s.io/kubernetes/cmd/{name}"],
+                    TESTENV_SRC, name)
 
 
 def make_pki(d: Path) -> None:
@@ -215,6 +221,9 @@ def add_identities(server: ApiServer) -> None:
     # the control plane's own identities (bootstrap RBAC gives them their roles)
     server.add_identity("controller-manager", "system:kube-controller-manager", [])
     server.add_identity("scheduler", "system:kube-scheduler", [])
+    # Kueue's manager, as the ServiceAccount its ClusterRoleBinding names (tests/kit/kueue)
+    server.add_identity("kueue", "system:serviceaccount:kueue-system:kueue-controller-manager",
+                        ["system:serviceaccounts", "system:serviceaccounts:kueue-system"])
 
 
 def start_apiserver(workdir: Path) -> ApiServer:
