@@ -28,10 +28,11 @@ from tests.kit.apiserver import build_kube_binary, build_testenv
 from tests.kit.deploytools import build_tool
 from tests.kit.helpers import build_cache, record_build
 from tests.kit.images import build_program
+from tests.kit.kueue import build_kueue
 from tools import imagebuild
 
 # In the order the main tiers meet them: the kube tier needs the API server, then helm and
-# kustomize; the kubelet tier the node's binaries and the test programs.
+# kustomize; the kubelet tier the node's binaries and the test programs, then Kueue.
 GO_BUILDS: list[tuple[str, Callable[[], Path]]] = [
     ("tools/testenv (kube-apiserver and etcd)", build_testenv),
     ("helm", lambda: build_tool("helm")),
@@ -41,6 +42,7 @@ GO_BUILDS: list[tuple[str, Callable[[], Path]]] = [
     ("kube-scheduler", lambda: build_kube_binary("kube-scheduler")),
     *[(f"tools/testenv/{p} for {a}", (lambda p=p, a=a: build_program(p, a)))
       for p, a in (("deviceplugin", "amd64"), ("deviceplugin", "arm64"), ("pause", "amd64"))],
+    ("kueue", build_kueue),
 ]
 
 
