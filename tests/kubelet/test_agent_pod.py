@@ -6,6 +6,9 @@ the registry; the agent in it, authenticated by its pod-bound token, publishes i
 conditions on node-a and lifts the boot taint the kubelet registered the node with. The
 test device plugin runs as its own DaemonSet's pod beside it, and the agent judges it
 through the runtime's directories the DaemonSet mounts (the image containerd pulled).
+The job gate on the same node: `nodeagent preflight` as a training pod's init container,
+and Kueue (tests/kit/kueue.py) with waitForPodsReady over gangs it holds off a tainted node
+or whose preflight fails.
 
 Changed from deploy/daemonset, for this machine only: the image reference, the API server's
 address (no kube-proxy here to reach the `kubernetes` Service's cluster IP), the hostPath
@@ -34,6 +37,7 @@ from tests.kit.control_plane import ControlPlane, start_control_plane
 from tests.kit.deploytools import build_tool
 from tests.kit.helpers import free_port, wait_for
 from tests.kit.kubelet import Node
+from tests.kit.kueue import Kueue
 from tests.kit.rdma_plugin import BOOT, DEVICES, DS, KEY, RESOURCE, start_plugin_node
 from tests.kit.rdma_plugin import NS as PLUGIN_NS
 from tests.kit.registry_env import Registry
@@ -125,6 +129,176 @@ def diagnosis(server: ApiServer, node: Node, plane: ControlPlane) -> str:
     parts += [f"{c.name}:\n{c.log.read_text()[-2000:]}" for c in plane.components]
     parts.append("containerd:\n" + (node.workdir / "containerd.log").read_text()[-2000:])
     return "\n".join(parts)
+
+
+# Kueue's waitForPodsReady, short enough for a test: a gang not Ready 30 s after its
+# admission is evicted whole and requeued once (1 s later), then deactivated.
+PODS_READY = {"timeout": "30s", "blockAdmission": False,
+              "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 1,
+                                    "backoffBaseSeconds": 1, "backoffMaxSeconds": 2}}
+WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "default", "workloads")
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: tuple[ApiServer, ControlPlane],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kueue]:
+    """Kueue on this module's control plane, with one queue for `default`'s jobs (a
+    ClusterQueue of CPU, its flavor, and a LocalQueue `training`)."""
+    server, _ = cluster
+    manager = Kueue(server, tmp_path_factory.mktemp("kueue"), PODS_READY)
+    manager.start()
+    try:
+        custom = k8s.CustomObjectsApi(server.client("admin"))
+        group = ("kueue.x-k8s.io", "v1beta2")
+        custom.create_cluster_custom_object(*group, "resourceflavors", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": "any"}})
+        custom.create_cluster_custom_object(*group, "clusterqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": "fabric"}, "spec": {
+                "namespaceSelector": {}, "resourceGroups": [{
+                    "coveredResources": ["cpu"],
+                    "flavors": [{"name": "any", "resources": [
+                        {"name": "cpu", "nominalQuota": "1"}]}]}]}})
+        custom.create_namespaced_custom_object(*group, "default", "localqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "training"}, "spec": {"clusterQueue": "fabric"}})
+        yield manager
+    finally:
+        manager.stop()
+
+
+def gang_job(name: str, image: str, tolerations: list[dict[str, str]],
+             run: Path | None = None) -> dict[str, Any]:
+    """An Indexed Job of two pods in Kueue's `training` queue, the preflight its pods'
+    init container (the agent's runtime directory `run` mounted where it reads the node's
+    verdict), created unsuspended (Kueue's webhook suspends it until admission).
+    The pods restart a failed init container in place (restartPolicy OnFailure), as a
+    training job's do: the Job itself never fails; only Kueue's timeout ends it."""
+    cpu = {"resources": {"requests": {"cpu": "10m"}}}
+    # node-a keeps node.kubernetes.io/not-ready:NoSchedule from its registration: the node
+    # lifecycle controller that lifts it from a Ready node does not run here. Tolerated, so
+    # that only the agent's taint decides.
+    not_ready = {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                 "effect": "NoSchedule"}
+    spec = {"restartPolicy": "OnFailure", "hostNetwork": True,
+            "tolerations": [not_ready, *tolerations],
+            "terminationGracePeriodSeconds": 1,
+            "initContainers": [{"name": "nodeagent-preflight", "image": image, **cpu,
+                                "args": ["preflight", "--resource", RESOURCE]}],
+            "containers": [{"name": "trainer", "image": image, "args": ["--version"], **cpu}]}
+    if run is not None:
+        spec["initContainers"][0]["volumeMounts"] = [  # type: ignore[index]
+            {"name": "run", "mountPath": "/run/nodeagent", "readOnly": True}]
+        spec["volumes"] = [{"name": "run", "hostPath": {"path": str(run),
+                                                        "type": "Directory"}}]
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+                "name": name, "labels": {"kueue.x-k8s.io/queue-name": "training"}},
+            "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2,
+                     "backoffLimit": 6, "template": {"spec": spec}}}
+
+
+class Gang:
+    """What a test sees of a queued Job: its Workload (Kueue's), its pods, and what they
+    ever did (polled)."""
+
+    def __init__(self, server: ApiServer, name: str) -> None:
+        admin = server.client("admin")
+        self.name = name
+        self.core = k8s.CoreV1Api(admin)
+        self.batch = k8s.BatchV1Api(admin)
+        self.custom = k8s.CustomObjectsApi(admin)
+        self.trainer_started: list[str] = []  # pods whose trainer ever ran
+        self.preflight_said: set[str] = set()  # the termination messages seen
+
+    def pods(self) -> list[Any]:
+        pods = self.core.list_namespaced_pod("default", label_selector=f"job-name={self.name}")
+        for pod in pods.items:
+            for status in pod.status.container_statuses or []:
+                if status.state.running or status.state.terminated:
+                    self.trainer_started.append(pod.metadata.name)
+            for status in pod.status.init_container_statuses or []:
+                for state in (status.state, status.last_state):
+                    if state and state.terminated and state.terminated.message:
+                        self.preflight_said.add(state.terminated.message)
+        return list(pods.items)
+
+    def workload(self) -> dict[str, Any] | None:
+        got = self.custom.list_namespaced_custom_object(*WORKLOADS)["items"]
+        return next((w for w in got if any(o["name"] == self.name for o in
+                                           w["metadata"].get("ownerReferences", []))), None)
+
+    def condition(self, ctype: str) -> dict[str, Any] | None:
+        self.pods()  # every poll also looks at the pods
+        wl = self.workload() or {}
+        return next((c for c in wl.get("status", {}).get("conditions", [])
+                     if c["type"] == ctype and c["status"] == "True"), None)
+
+    def suspended(self) -> bool:
+        return bool(self.batch.read_namespaced_job(self.name, "default").spec.suspend)
+
+    def story(self) -> str:
+        """The Job's status, its Workload's conditions and the namespace's events: what a
+        failed case prints."""
+        wl = self.workload() or {}
+        events = self.core.list_namespaced_event("default").items
+        taints = self.core.read_node("node-a").spec.taints
+        job = self.batch.read_namespaced_job(self.name, "default")
+        return "\n".join([
+            f"node-a's taints: {taints}",
+            f"job: {job.status}",
+            f"its pods' tolerations: {job.spec.template.spec.tolerations}",
+            f"workload: {wl.get('spec', {}).get('active')} "
+            f"{json.dumps(wl.get('status', {}), default=str)[:3000]}",
+            *[f"event {e.involved_object.kind}/{e.involved_object.name}: {e.reason}: "
+              f"{e.message}" for e in events]])
+
+    def delete(self) -> None:
+        with contextlib.suppress(k8s.ApiException):
+            self.batch.delete_namespaced_job(self.name, "default",
+                                             propagation_policy="Background")
+
+
+@contextlib.contextmanager
+def explained(gang: Gang, kueue: Kueue, server: ApiServer, node: Node,
+              plane: ControlPlane) -> Iterator[None]:
+    """A failed case's message says what the Job, its Workload, Kueue and the node did;
+    the Job is deleted either way."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{gang.story()}\n{kueue.log.read_text()[-3000:]}\n"
+                             f"{diagnosis(server, node, plane)}") from exc
+    finally:
+        gang.delete()
+
+
+def test_kueue_holds_a_gang_off_a_node_the_agent_keeps_tainted(
+        cluster: tuple[ApiServer, ControlPlane], agent_node: Node, kueue: Kueue,
+        pushed_image: str) -> None:
+    """node-a as its kubelet registered it, with the agent's taint (fail closed until the
+    agent's first verdict): Kueue admits the gang, the scheduler places neither pod, and
+    Kueue's waitForPodsReady evicts the whole gang and suspends its Job again."""
+    server, plane = cluster
+    assert any(t.key == KEY for t in k8s.CoreV1Api(server.client("admin")).read_node(
+        "node-a").spec.taints or []), "this case needs the boot taint still on node-a"
+    gang = Gang(server, "held")
+    with explained(gang, kueue, server, agent_node, plane):
+        job = gang.batch.create_namespaced_job(
+            "default", gang_job("held", pushed_image, []))  # type: ignore[arg-type]
+        assert job.spec.suspend is True, "Kueue's webhook suspends a queued Job"
+        wait_for(lambda: gang.condition("Admitted"), 60, "the gang admitted")
+        evicted = wait_for(lambda: gang.condition("Evicted"), 120,
+                           "the gang evicted for not being Ready")
+        assert evicted["reason"] == "PodsReadyTimeout", evicted
+        wait_for(gang.suspended, 30, "the Job suspended again")
+        wait_for(lambda: not gang.pods(), 60, "the gang's pods gone")
+        assert gang.trainer_started == [] and gang.preflight_said == set()
+        # held off by the agent's taint (the only one the pods do not tolerate)
+        unscheduled = [e for e in gang.core.list_namespaced_event("default").items
+                       if e.reason == "FailedScheduling"
+                       and e.involved_object.name.startswith("held-")]
+        assert unscheduled and all("untolerated taint" in e.message for e in unscheduled)
 
 
 def test_the_agent_image_runs_as_the_daemonsets_pod_and_lifts_the_boot_taint(
@@ -335,3 +509,45 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
         failed = wait_for(job_failed, 120, "the Job failed")
         assert failed.reason == "BackoffLimitExceeded", failed
         assert batch.read_namespaced_job("train", "default").status.succeeded in (None, 0)
+
+
+def test_kueue_evicts_and_requeues_a_gang_whose_preflight_fails_never_half_running(
+        cluster: tuple[ApiServer, ControlPlane], agent_node: Node, kueue: Kueue,
+        pushed_image: str, tmp_path: Path) -> None:
+    """Both pods of a queued gang placed on node-a (they tolerate the agent's taint: this
+    case is about the preflight), whose agent says FabricReady=True, neither pod requesting
+    the RDMA resource: each pod's preflight exits 1 naming it, again and again
+    (restartPolicy OnFailure), so no pod ever becomes Ready and no trainer ever starts.
+    Kueue evicts the whole gang (PodsReadyTimeout), its pods are deleted, it is requeued and
+    admitted again once, then deactivated (requeuing limit 1): never half-running."""
+    from nodeagent.model import FABRIC_READY, Finding, Report
+
+    server, plane = cluster
+    gang = Gang(server, "gated")
+    run = tmp_path / "run"
+    healthy = Report("node-a", [Finding(FABRIC_READY, "True", "AllConditionsPassed",
+                                        "every fabric condition passes")]).as_dict()
+    with status_writer(run, healthy), explained(gang, kueue, server, agent_node, plane):
+        gang.batch.create_namespaced_job("default", gang_job(  # type: ignore[arg-type]
+            "gated", pushed_image, [{"key": KEY, "operator": "Exists"}], run))
+        wait_for(lambda: gang.condition("Admitted"), 60, "the gang admitted")
+        wait_for(lambda: gang.pods() and gang.preflight_said, 120,
+                 "a preflight's verdict in its pod's termination message")
+        assert gang.preflight_said == {
+            f"preflight: devices: no RDMA device in this container: request {RESOURCE} in "
+            "resources.limits\n"}, gang.preflight_said
+
+        def requeued() -> Any:
+            wl = gang.workload() or {}
+            count = wl.get("status", {}).get("requeueState", {}).get("count", 0)
+            return count >= 1 and gang.condition("Admitted")
+        wait_for(requeued, 120, "the gang evicted, requeued and admitted again")
+
+        def deactivated() -> Any:
+            wl = gang.workload() or {}
+            return wl.get("spec", {}).get("active") is False and gang.condition("Evicted")
+        evicted = wait_for(deactivated, 120, "the gang deactivated after its second eviction")
+        assert evicted["reason"] == "DeactivatedDueToRequeuingLimitExceeded", evicted
+        wait_for(gang.suspended, 30, "the Job suspended")
+        wait_for(lambda: not gang.pods(), 60, "the gang's pods gone")
+        assert gang.trainer_started == [], f"trainers ran: {gang.trainer_started}"
