@@ -64,12 +64,13 @@ def build_kueue() -> Path:
                     [f"-ldflags={stamp}", "sigs.k8s.io/kueue/cmd/kueue"], SRC, "kueue")
 
 
-def module_dir() -> Path:
-    """Where the Go module cache holds Kueue's source (its config/ directory)."""
-    res = subprocess.run([go_binary(), "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kueue"],
+def module_dir(module: str = "sigs.k8s.io/kueue") -> Path:
+    """Where the Go module cache holds `module` at the version tools/kueue pins (Kueue's
+    config/ directory; JobSet's CRD)."""
+    res = subprocess.run([go_binary(), "list", "-m", "-f", "{{.Dir}}", module],
                          cwd=SRC, capture_output=True, text=True, timeout=600)
     if res.returncode != 0 or not res.stdout.strip():
-        raise RuntimeError(f"go list sigs.k8s.io/kueue failed:\n{res.stderr[-2000:]}")
+        raise RuntimeError(f"go list {module} failed:\n{res.stderr[-2000:]}")
     return Path(res.stdout.strip())
 
 

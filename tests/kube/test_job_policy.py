@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.kit.apiserver import ApiServer
 from tests.kit.control_plane import Component
 from tests.kit.helpers import wait_for
+from tests.kit.kueue import module_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
@@ -169,21 +170,52 @@ def test_a_job_whose_pods_are_refused_shows_why_in_its_events(
 def test_the_examples_pass_a_server_side_dry_run(apiserver: ApiServer,
                                                 spaces: dict[str, str]) -> None:
     """Every object of deploy/examples/ in the preflight-gated namespace, dry-run: the API
-    server validates it whole, and admits its pods' template through the job gate."""
+    server validates it whole (fields it does not know refused: the JobSet's by its own
+    CRD, the one Kueue's module pins), and admits each pod template through the job gate,
+    as the pod the job controller would make of it."""
     from kubernetes.dynamic import DynamicClient
 
-    dyn = DynamicClient(apiserver.client("admin"))
-    examples = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
-    assert examples
-    for path in examples:
-        for doc in (d for d in yaml.safe_load_all(path.read_text()) if d):
-            api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
-            api.create(body=doc, namespace=spaces["preflight"], query_params=[
-                ("dryRun", "All")])
-            template = (doc.get("spec") or {}).get("template")
-            if doc["kind"] == "Job" and template:  # its pods, as the job controller makes them
-                pods = dyn.resources.get(api_version="v1", kind="Pod")
-                pods.create(body={"apiVersion": "v1", "kind": "Pod",
-                                  "metadata": {"name": f"{doc['metadata']['name']}-0"},
-                                  "spec": template["spec"]},
-                            namespace=spaces["preflight"], query_params=[("dryRun", "All")])
+    admin = apiserver.client("admin")
+    (crd,) = docs(module_dir("sigs.k8s.io/jobset") / "config" / "components" / "crd" /
+                  "bases" / "jobset.x-k8s.io_jobsets.yaml")
+    crds = k8s.ApiextensionsV1Api(admin)
+    crds.create_custom_resource_definition(crd)  # type: ignore[arg-type]
+    try:
+        wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                             crds.read_custom_resource_definition(
+                                 crd["metadata"]["name"]).status.conditions or []),
+                 60, "the JobSet CRD established")
+        dyn = DynamicClient(admin)  # discovery again: it now serves JobSets
+        examples = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
+        assert {p.name for p in examples} >= {"indexed-job.yaml", "jobset.yaml"}
+        checked = []
+        for path in examples:
+            for doc in docs(path):
+                api = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+                api.create(body=doc, namespace=spaces["preflight"], query_params=[
+                    ("dryRun", "All"), ("fieldValidation", "Strict")])
+                for i, template in enumerate(pod_templates(doc)):
+                    pods = dyn.resources.get(api_version="v1", kind="Pod")
+                    pods.create(body={"apiVersion": "v1", "kind": "Pod",
+                                      "metadata": {"name": f"{doc['metadata']['name']}-{i}"},
+                                      "spec": template["spec"]},
+                                namespace=spaces["preflight"],
+                                query_params=[("dryRun", "All")])
+                    checked.append(f"{path.name}: {doc['kind']} {doc['metadata']['name']}")
+        assert checked == ["indexed-job.yaml: Job train", "jobset.yaml: JobSet train-js"]
+    finally:
+        crds.delete_custom_resource_definition(crd["metadata"]["name"])
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of a Job, or of each replicated Job of a JobSet."""
+    spec = doc.get("spec") or {}
+    if doc["kind"] == "Job":
+        return [spec["template"]]
+    if doc["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"] for r in spec["replicatedJobs"]]
+    return []
