@@ -32,9 +32,6 @@ from tests.kit.pki import write_serving_pki
 SRC = ROOT / "tools" / "kueue"
 CACHE = build_cache("kueue")
 NS = "kueue-system"
-# Who the manager is: the ServiceAccount its ClusterRoleBinding names (RBAC matches a
-# ServiceAccount subject by this user name).
-USER = f"system:serviceaccount:{NS}:kueue-controller-manager"
 FRAMEWORKS = ["batch/job"]
 # The webhook paths served with FRAMEWORKS on: Kueue's own kinds and batch/v1 Jobs.
 SERVED = ("-kueue-x-k8s-io-", "-batch-v1-job")
@@ -163,6 +160,8 @@ class Kueue:
             "internalCertManagement": {"enable": False},
             "waitForPodsReady": self.wait_for_pods_ready,
             "integrations": {"frameworks": FRAMEWORKS}}))
+        # As the ServiceAccount its ClusterRoleBinding names (a static token of the API
+        # server's, tests/kit/apiserver: RBAC matches the subject by that user name).
         kubeconfig = self.server.kubeconfig("kueue", self.workdir / "kubeconfig")
         overlay = f"lowerdir={self.workdir / 'etc-extra'}:/etc"
         script = ('mount --make-rprivate / && mount -t overlay overlay -o "$1" /etc && '
