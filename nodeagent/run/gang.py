@@ -78,8 +78,9 @@ def parse_card(data: bytes) -> GangCard:
 
 
 class CardServer(threading.Thread):
-    """Serves this pod's card to every connection; remembers which ranks fetched it (a
-    fetcher says its rank first: pods may share an address, on one host's network)."""
+    """Serves this pod's card to every connection; remembers which ranks fetched it, and
+    which fetched it once it said ready (a fetcher says its rank first: pods may share an
+    address, on one host's network)."""
 
     def __init__(self, card: GangCard, port: int, bind: str = "0.0.0.0") -> None:
         super().__init__(name="gang-barrier", daemon=True)
@@ -93,8 +94,14 @@ class CardServer(threading.Thread):
             self.sock.close()
             raise
         self.sock.settimeout(0.2)
+        self.ready = False
         self.fetched_by: set[int] = set()
+        self.fetched_ready_by: set[int] = set()
         self._halt = threading.Event()
+
+    def mark_ready(self, card: GangCard) -> None:
+        self.card = replace(card, ready=True).encode()
+        self.ready = True  # after the card: a fetch that sees True was sent the ready card
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -106,9 +113,12 @@ class CardServer(threading.Thread):
                 conn.settimeout(1.0)
                 with contextlib.suppress(OSError):
                     rank = _rank(conn.recv(16))
+                    ready = self.ready
                     conn.sendall(self.card)
                     if rank is not None:
                         self.fetched_by.add(rank)
+                        if ready:
+                            self.fetched_ready_by.add(rank)
 
     def stop(self) -> None:
         self._halt.set()
@@ -229,7 +239,7 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
         responder = Responder(probe_port, hold=2 * timeout + 1.0)
         responder.serve(_served(card, allowed))
         responder.start()
-        server.card = replace(card, ready=True).encode()
+        server.mark_ready(card)
         succ, pred = cards[(me + 1) % n], cards[(me - 1) % n]
         # A barrier that filled at the last moment still leaves the ring its own time.
         deadline = max(deadline, time.monotonic() + 4 * timeout + 5.0)
@@ -293,14 +303,15 @@ def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
 
 def _until_done(server: CardServer, responder: Responder, card: GangCard, pred: GangCard,
                 n: int, deadline: float) -> None:
-    """Until every other pod has this pod's card and the previous pod has probed it on
-    every rail it serves (its probes over), or the deadline."""
+    """Until every other pod has this pod's card, the previous pod has seen it ready (it
+    waits for that before probing, even with nothing to probe) and has probed it on every
+    rail it serves (its probes over), or the deadline."""
     theirs = {r.name: r.address for r in pred.rails}
     wanted = [theirs.get(r.name) for r in card.rails if r.address and r.device
               and r.gid_index is not None]
     others = set(range(n)) - {card.index}
     while time.monotonic() < deadline:
-        fetched = others <= server.fetched_by
+        fetched = others <= server.fetched_by and pred.index in server.fetched_ready_by
         probed = all(a is not None and responder.counts.answered[a] > 0 for a in wanted)
         if fetched and probed and responder.open_connections == 0:
             return

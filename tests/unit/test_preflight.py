@@ -26,7 +26,7 @@ from nodeagent.cli.preflight import peer_names, report, verdict_from_status
 from nodeagent.model import NodeRail, NodeVerdict, VerbsDevice
 from nodeagent.probes.container import read_verbs_devices
 from nodeagent.run.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
-from tests.kit.helpers import free_port
+from tests.kit.helpers import free_port, wait_for
 
 RAILS = (NodeRail("rail0", "10.10.0.5", "mlx5_0", 1, 3),
          NodeRail("rail1", "10.11.0.5", "mlx5_1", 1, 3))
@@ -276,6 +276,41 @@ def test_a_gang_of_three_on_one_address_ends_when_done_not_at_its_deadline() -> 
         t.join(30)
     assert not any(t.is_alive() for t in threads), "a pod waited for its deadline"
     assert results == {0: [], 1: [], 2: []}
+
+
+def test_a_pod_stays_until_the_previous_one_has_seen_it_ready() -> None:
+    """A gang of two with no rails to probe (an agent that says no GID): pod 0, played by
+    hand, fetches pod 1's card before serving its own (so pod 1 cannot be ready yet), then
+    looks for pod 1's ready card a second after pod 1 has its. Pod 1 must still be there to
+    say it (bench/preflight.py's 8 pods on 2 cores hit it: pod 1 had ended, "its responder
+    was not up by the deadline (connection refused)")."""
+    port, probe_port = free_port(), free_port()
+    peers = ["127.0.0.1", "127.0.0.2"]
+    results: list[list[str]] = []
+
+    def fast() -> None:
+        _, problems = run_gang(GangCard(1, "gpu-1", ()), peers, port, probe_port,
+                               time.monotonic() + 30, 1.0, bind=peers[1])
+        results.append([u.line() for u in problems])
+
+    def barrier_fetch() -> GangCard | None:
+        try:
+            return fetch_card(peers[1], port, 0)
+        except OSError:  # pod 1 not serving yet
+            return None
+    pod1 = threading.Thread(target=fast, daemon=True)
+    pod1.start()
+    assert not wait_for(barrier_fetch, 10, "pod 1's card at the barrier").ready
+    slow = CardServer(GangCard(0, "gpu-0", (), ready=True), port, bind=peers[0])
+    slow.start()
+    try:
+        wait_for(lambda: 1 in slow.fetched_by, 10, "pod 1 fetching pod 0's card")
+        time.sleep(1.0)
+        assert fetch_card(peers[1], port, 0).ready
+        pod1.join(10)
+        assert not pod1.is_alive() and results == [[]]
+    finally:
+        slow.stop()
 
 
 @pytest.mark.parametrize("data", [b"", b"\n", b"{}", b"null", b'{"index": true, "node": "x", '
