@@ -129,9 +129,10 @@ class RailEnd:
 
 
 class _Failed(Exception):
-    def __init__(self, outcome: PeerOutcome, error: str) -> None:
+    def __init__(self, outcome: PeerOutcome, error: str, late: bool = False) -> None:
         super().__init__(error)
         self.outcome, self.error = outcome, error
+        self.late = late  # the probe's deadline ran out: nothing said of what was read
 
 
 def _handshake(end: RailEnd, qp: Any, address: str, port: int, deadline: float,
@@ -208,7 +209,7 @@ def _read(end: RailEnd, qp: Any, accept: Accept, size: int, wr_id: int,
                 raise _Failed(PeerOutcome.ROCE_FAILED, completion_status(wc.status))
             return (time.perf_counter() - t0) * 1e6
         if time.monotonic() > deadline:
-            raise _Failed(PeerOutcome.ROCE_FAILED, "no completion by the deadline")
+            raise _Failed(PeerOutcome.ROCE_FAILED, "no completion by the deadline", late=True)
 
 
 def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: float
@@ -273,6 +274,8 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         try:
             _read(end, qp, accept, min(accept.mtu, accept.length), reads, deadline)
         except _Failed as failed:
+            if failed.late:  # a slow path ran out of time: not refused at this size
+                raise
             raise _Failed(PeerOutcome.MTU_FAILED,
                           f"reads of {SMALL} bytes pass, a read of {accept.mtu} bytes (the "
                           f"path MTU) fails: {failed.error}") from failed

@@ -456,3 +456,39 @@ def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
     asked.clear()
     prober._probe_rail("rail0", target, (PeerRef("10.10.0.7"),), never.peers, lambda: False)
     assert asked == [False]
+
+
+@pytest.mark.parametrize(("late", "outcome"), [(True, PeerOutcome.ROCE_FAILED),
+                                                (False, PeerOutcome.MTU_FAILED)])
+def test_a_path_mtu_read_that_runs_out_of_time_is_not_the_path_mtu(
+        monkeypatch: pytest.MonkeyPatch, late: bool, outcome: PeerOutcome) -> None:
+    """The small reads pass and the path-MTU read does not complete: when the probe's
+    deadline ran out first (a slow path: the lab's peer with its frames 100 ms late), that
+    is no verdict on the MTU; when the read completed in error, it is. The QP and the wire
+    are stood in for (no RDMA device here); the reads' results are what _read gives."""
+    from nodeagent.probes import peer as probe
+
+    class End:
+        port, gid_index = 1, 3
+
+        def new_qp(self) -> object:
+            return object()
+
+        def drop_qp(self, qp: object) -> None:
+            pass
+
+    accept = Accept(qpn=7, psn=1, gid=bytes(10) + b"\xff\xff" + bytes([10, 20, 0, 2]),
+                    mtu=4096, addr=0, rkey=1, length=4096)
+
+    def read(end: object, qp: object, got: Accept, size: int, wr_id: int,
+             deadline: float) -> float:
+        if size <= probe.SMALL:
+            return 120.0
+        raise probe._Failed(PeerOutcome.ROCE_FAILED, "no completion by the deadline"
+                            if late else "retry exceeded error", late=late)
+    monkeypatch.setattr(probe, "_handshake", lambda *a: (None, accept))
+    monkeypatch.setattr(probe, "connect_rc", lambda *a, **k: None)
+    monkeypatch.setattr(probe, "_read", read)
+    got = probe.probe_peer(End(), "fab0", "10.20.0.2", "lab-b", 18602, 5, 1.0)  # type: ignore[arg-type]
+    assert got.outcome == outcome, got
+    assert got.rtt_us == (120.0,) * 5
