@@ -291,7 +291,8 @@ def test_kueue_holds_a_gang_off_a_node_the_agent_keeps_tainted(
         evicted = wait_for(lambda: gang.condition("Evicted"), 120,
                            "the gang evicted for not being Ready")
         assert evicted["reason"] == "PodsReadyTimeout", evicted
-        wait_for(gang.suspended, 30, "the Job suspended again")
+        # Suspended until its requeue 1 s later, and for good once deactivated 30 s after.
+        wait_for(gang.suspended, 90, "the Job suspended again")
         wait_for(lambda: not gang.pods(), 60, "the gang's pods gone")
         assert gang.trainer_started == [] and gang.preflight_said == set()
         # held off by the agent's taint (the only one the pods do not tolerate)
