@@ -43,6 +43,13 @@ def source_hash(package: str | None = ".") -> str:
     return h.hexdigest()[:16]
 
 
+def module_hash(src: Path) -> str:
+    """A hash of a Go module's go.mod and go.sum: what a binary built from its requirements
+    alone (helm, kustomize, Kueue) is cached by."""
+    return hashlib.sha256((src / "go.mod").read_bytes() +
+                          (src / "go.sum").read_bytes()).hexdigest()[:16]
+
+
 def go_binary() -> str:
     go = shutil.which("go") or "/usr/local/go/bin/go"
     if not Path(go).exists():

@@ -4,10 +4,9 @@ neither tool is packaged in Debian) and cached by source hash."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from tests.kit.apiserver import go_build
+from tests.kit.apiserver import go_build, module_hash
 from tests.kit.helpers import build_cache
 
 SRC = Path(__file__).resolve().parents[2] / "tools" / "deploytools"
@@ -18,6 +17,5 @@ PACKAGES = {"helm": "helm.sh/helm/v3/cmd/helm",
 def build_tool(name: str) -> Path:
     """`helm` or `kustomize`, built when missing or when its module changed."""
     src = SRC / name
-    digest = hashlib.sha256((src / "go.mod").read_bytes() + (src / "go.sum").read_bytes())
-    return go_build(build_cache("deploytools") / f"{name}-{digest.hexdigest()[:16]}",
+    return go_build(build_cache("deploytools") / f"{name}-{module_hash(src)}",
                     ["-ldflags=-s -w", PACKAGES[name]], src, name)

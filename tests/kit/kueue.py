@@ -14,7 +14,6 @@ of the manager's own (the host's /etc is not touched)."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import utils as k8s_utils
 
-from tests.kit.apiserver import ROOT, ApiServer, go_binary, go_build
+from tests.kit.apiserver import ROOT, ApiServer, go_binary, go_build, module_hash
 from tests.kit.helpers import build_cache, free_port, terminate_group, wait_for
 from tests.kit.pki import write_serving_pki
 
@@ -47,17 +46,10 @@ def version() -> str:
     raise RuntimeError("tools/kueue/go.mod does not require sigs.k8s.io/kueue")
 
 
-def source_hash() -> str:
-    h = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        h.update(name.encode() + b"\0" + (SRC / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def build_kueue() -> Path:
     """Kueue's manager, stamped with its version, cached by tools/kueue's requirements."""
     stamp = f"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion={version()}"
-    return go_build(CACHE / f"kueue-{source_hash()}",
+    return go_build(CACHE / f"kueue-{module_hash(SRC)}",
                     [f"-ldflags={stamp}", "sigs.k8s.io/kueue/cmd/kueue"], SRC, "kueue")
 
 

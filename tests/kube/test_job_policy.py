@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.kit.apiserver import ApiServer
 from tests.kit.control_plane import Component
 from tests.kit.helpers import wait_for
-from tests.kit.kueue import module_dir
+from tests.kit.kueue import docs, module_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
@@ -205,10 +204,6 @@ def test_the_examples_pass_a_server_side_dry_run(apiserver: ApiServer,
         assert checked == ["indexed-job.yaml: Job train", "jobset.yaml: JobSet train-js"]
     finally:
         crds.delete_custom_resource_definition(crd["metadata"]["name"])
-
-
-def docs(path: Path) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
 def pod_templates(doc: dict[str, Any]) -> list[dict[str, Any]]:
