@@ -28,8 +28,9 @@ from common import summary
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
+from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.config import Kubernetes
-from nodeagent.model import CONDITION_TYPES, FABRIC_READY, Finding, Report, Status
+from nodeagent.model import FABRIC_READY, Finding, Report, Status
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from tests.kit.apiserver import AGENT_GROUP, ApiServer, build_testenv

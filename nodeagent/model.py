@@ -57,14 +57,6 @@ RDMA_HARDWARE_HEALTHY = ConditionType.RDMA_HARDWARE_HEALTHY
 CUSTOM_CHECKS_PASSED = ConditionType.CUSTOM_CHECKS_PASSED
 RDMA_TRANSPORT_VERIFIED = ConditionType.RDMA_TRANSPORT_VERIFIED
 RDMA_PEERS_REACHABLE = ConditionType.RDMA_PEERS_REACHABLE
-# The five of the first contract, in the order they are published.
-CONDITION_TYPES = (
-    ROCE_NETWORK_READY,
-    ROCE_GID_STABLE,
-    RDMA_DEVICE_PLUGIN_READY,
-    LUSTRE_READY,
-    FABRIC_READY,
-)
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"

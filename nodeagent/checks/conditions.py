@@ -1,14 +1,20 @@
-"""The conditions the agent publishes, one entry each, and the judgement of one pass.
+"""The registry of conditions: each is registered once, here, and everything that lists
+condition types reads it (the Node writer publishes what the pass judged; `nodeagent
+deploy` renders the admission policy's allowed types; `fleet -o wide` shows one column
+each; tests check the README's table and run the contract test on a real API server).
 
-A condition is its type, when it is reported (`enabled`), whether it is part of
-FabricReady (`gates`) and a pure `judge(cfg, facts)`. Adding one is a check module and a
-line here. FabricReady is judged last, over the gated ones, and listed where it stands.
+A condition is its type, the config section that configures it, whether it is reported
+without that section, whether it is part of FabricReady always or only with its section's
+`gate: true`, and a pure `judge(cfg, facts)`. Adding one is an enum member, a config
+section, a check module and a line here. FabricReady is judged last, over the gated
+ones, and listed where it stands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
@@ -32,14 +38,13 @@ from nodeagent.model import (
     RDMA_TRANSPORT_VERIFIED,
     ROCE_GID_STABLE,
     ROCE_NETWORK_READY,
+    ConditionType,
     Finding,
     RailStatus,
     Report,
 )
 
-
-def _always(cfg: Config) -> bool:
-    return True
+Judge = Callable[[Config, Facts], Finding]
 
 
 def _counts(finding: Finding) -> bool:
@@ -48,15 +53,34 @@ def _counts(finding: Finding) -> bool:
 
 @dataclass(frozen=True)
 class Condition:
-    type: str
-    judge: Callable[[Config, Facts], Finding]
-    # Reported only when configured: an agent upgraded before the admission policy that
+    type: ConditionType
+    judge: Judge
+    column: str  # its heading in `fleet -o wide` (unique, and not one of the fixed ones)
+    section: str | None = None  # the Config field that configures it (None: the rails)
+    # Reported only with its section: an agent upgraded before the admission policy that
     # allows a new type still publishes everything else.
-    enabled: Callable[[Config], bool] = _always
-    gates: Callable[[Config], bool] = _always
+    needs_section: bool = False
+    # Part of FabricReady always, or only when its section is there with `gate: true`.
+    gate: Literal["always", "section"] = "always"
+    # The smallest section that configures it (what the contract test and the README's
+    # example turn on; None: the rails configure it).
+    example: Any = None
     # Whether a gated finding holds FabricReady: a verdict that is about another node (its
     # agent is down) never taints this one.
-    counts: Callable[[Finding], bool] = _counts
+    counts: Callable[[Finding], bool] = field(default=_counts)
+
+    def configured(self, cfg: Config) -> bool:
+        return self.section is not None and getattr(cfg, self.section) is not None
+
+    def enabled(self, cfg: Config) -> bool:
+        """Whether this config reports it at all."""
+        return not self.needs_section or self.configured(cfg)
+
+    def gates(self, cfg: Config) -> bool:
+        """Whether its finding is part of FabricReady under this config."""
+        if self.gate == "always":
+            return True
+        return self.configured(cfg) and bool(getattr(cfg, self.section or "").gate)
 
 
 def _traffic(cfg: Config, facts: Facts) -> Finding:
@@ -68,39 +92,50 @@ def _fabric_placeholder(cfg: Config, facts: Facts) -> Finding:
     raise AssertionError("FabricReady is judged over the others (judge_all)")
 
 
-FABRIC = Condition(FABRIC_READY, _fabric_placeholder)
+FABRIC = Condition(FABRIC_READY, _fabric_placeholder, column="FABRIC")
 
 CONDITIONS: Sequence[Condition] = (
-    Condition(ROCE_NETWORK_READY,
-              lambda cfg, f: network_finding(cfg, f.drift, f.overrides)),
-    Condition(ROCE_GID_STABLE, lambda cfg, f: f.gid.finding),
+    Condition(ROCE_NETWORK_READY, lambda cfg, f: network_finding(cfg, f.drift, f.overrides),
+              column="NET"),
+    Condition(ROCE_GID_STABLE, lambda cfg, f: f.gid.finding, column="GID"),
     Condition(RDMA_DEVICE_PLUGIN_READY,
-              lambda cfg, f: device_plugin_finding(cfg, f.device_plugin, f.plugin_seen_ready)),
-    Condition(LUSTRE_READY, lambda cfg, f: lustre_finding(cfg, f.lustre)),
+              lambda cfg, f: device_plugin_finding(cfg, f.device_plugin, f.plugin_seen_ready),
+              column="PLUGIN", section="device_plugin", example={}),
+    Condition(LUSTRE_READY, lambda cfg, f: lustre_finding(cfg, f.lustre), column="LUSTRE",
+              section="lustre",
+              example=[{"mountpoint": "/lustre/scratch", "source": "10.0.0.1@o2ib:/scratch"}]),
     FABRIC,
-    Condition(FABRIC_TRAFFIC_ON_RDMA, _traffic,
-              gates=lambda cfg: bool(cfg.fabric_traffic and cfg.fabric_traffic.gate)),
-    Condition(RDMA_HARDWARE_HEALTHY,
-              lambda cfg, f: hardware_finding(cfg, f.ports, f.error_rates),
-              enabled=lambda cfg: cfg.hardware is not None,
-              gates=lambda cfg: bool(cfg.hardware and cfg.hardware.gate)),
-    Condition(CUSTOM_CHECKS_PASSED,
-              lambda cfg, f: custom_finding(cfg, f.custom_results),
-              enabled=lambda cfg: cfg.custom_checks is not None,
-              gates=lambda cfg: bool(cfg.custom_checks and cfg.custom_checks.gate)),
+    Condition(FABRIC_TRAFFIC_ON_RDMA, _traffic, column="TRAFFIC", section="fabric_traffic",
+              gate="section", example={}),
+    Condition(RDMA_HARDWARE_HEALTHY, lambda cfg, f: hardware_finding(cfg, f.ports, f.error_rates),
+              column="HW", section="hardware", needs_section=True, gate="section",
+              example={}),
+    Condition(CUSTOM_CHECKS_PASSED, lambda cfg, f: custom_finding(cfg, f.custom_results),
+              column="CUSTOM", section="custom_checks", needs_section=True, gate="section",
+              example={"checks": [{"name": "true", "command": ["true"]}]}),
     Condition(RDMA_TRANSPORT_VERIFIED,
               lambda cfg, f: transport_finding(cfg, f.transport_results, f.transport_skipped,
                                                f.now),
-              enabled=lambda cfg: cfg.transport is not None,
-              gates=lambda cfg: bool(cfg.transport and cfg.transport.gate)),
+              column="TRANSPORT", section="transport", needs_section=True, gate="section",
+              example={}),
     Condition(RDMA_PEERS_REACHABLE,
               lambda cfg, f: peers_finding(cfg, f.peer_stats, f.peers_skipped, f.now,
                                            {r: t.ok for r, t in f.transport_results.items()},
                                            f.peers_listed, f.peers_short),
-              enabled=lambda cfg: cfg.peers is not None,
-              gates=lambda cfg: bool(cfg.peers and cfg.peers.gate),
-              counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
+              column="REACH", section="peers", needs_section=True, gate="section",
+              example={}, counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
 )
+# Every type the agent may publish, in the registry's order (the admission policy allows
+# exactly these; the Node writer publishes what a pass judged, always a subset).
+CONDITION_TYPES: tuple[ConditionType, ...] = tuple(c.type for c in CONDITIONS)
+
+
+def registered(ctype: str) -> Condition:
+    """The registry's entry for a type (KeyError for one it does not know)."""
+    return _BY_TYPE[ctype]
+
+
+_BY_TYPE: Mapping[str, Condition] = {c.type: c for c in CONDITIONS}
 
 
 def judge_all(cfg: Config, facts: Facts,

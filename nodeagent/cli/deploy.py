@@ -10,6 +10,7 @@ import string
 from importlib import resources
 from pathlib import Path
 
+from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.config import Config, DevicePlugin, Kubernetes
 
 MANIFESTS = ("namespace.yaml", "rbac.yaml", "admission-policy.yaml", "job-policy.yaml")
@@ -28,6 +29,10 @@ def render(cfg: Config) -> dict[str, str]:
         "gpu_list": ", ".join(cfg.jobs.gpu_resources),
         "rdma_resource": rdma,
         "namespace": kube.lease_namespace,
+        # Every registered type (checks/conditions.py): the policy allows what the agent
+        # may publish, whichever sections a node's config turns on.
+        # One per line, under the template's folded scalar (CamelCase: nothing to escape).
+        "condition_types": "[" + ",\n         ".join(f"'{t}'" for t in CONDITION_TYPES) + "]",
         "taint_key": taint.key if taint else "",
         "may_cordon": "true" if taint else "false",
         "taint_scope": f"its taint {taint.key}" if taint else "no taint at all (conditions only)",

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nodeagent.checks.conditions import CONDITIONS
 from nodeagent.cli.mesh import (
     PeerCount,
     mesh_cells,
@@ -32,21 +33,10 @@ from nodeagent.cli.mesh import (
 from nodeagent.config import parse_duration
 from nodeagent.io.files import printable
 from nodeagent.kube.fields import obj, quantity, text, timestamp
-from nodeagent.model import (
-    FABRIC_READY,
-    FABRIC_TRAFFIC_ON_RDMA,
-    FW_VERSION,
-    HCA_TYPE,
-    LUSTRE_READY,
-    RDMA_DEVICE_PLUGIN_READY,
-    ROCE_GID_STABLE,
-    ROCE_NETWORK_READY,
-)
+from nodeagent.model import FABRIC_READY, FW_VERSION, HCA_TYPE
 
-COLUMNS = (ROCE_NETWORK_READY, ROCE_GID_STABLE, RDMA_DEVICE_PLUGIN_READY, LUSTRE_READY,
-           FABRIC_TRAFFIC_ON_RDMA)
-SHORT = {ROCE_NETWORK_READY: "NET", ROCE_GID_STABLE: "GID", RDMA_DEVICE_PLUGIN_READY: "PLUGIN",
-         LUSTRE_READY: "LUSTRE", FABRIC_TRAFFIC_ON_RDMA: "TRAFFIC"}
+# `-o wide`: a column for every registered condition but FabricReady (the FABRIC column).
+COLUMNS = tuple(c for c in CONDITIONS if c.type != FABRIC_READY)
 
 
 @dataclass
@@ -65,6 +55,8 @@ class FleetRow:
     # rail -> its peers passing and probed, from the node's own probes (its Lease)
     peers: dict[str, PeerCount] = field(default_factory=dict)
 
+
+_SHOWN = frozenset(c.type for c in CONDITIONS)
 
 DEFAULT_STALE = 180.0  # seconds, for a Lease that states no duration (the agent's default)
 
@@ -108,7 +100,7 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
             reason=text(fabric.get("reason")),
             conditions={t: {"status": text(c.get("status")), "reason": text(c.get("reason")),
                             "message": text(c.get("message"))}
-                        for t, c in conds.items() if t in (*COLUMNS, FABRIC_READY)},
+                        for t, c in conds.items() if t in _SHOWN},
             tainted=taint is not None, taint_reason=text((taint or {}).get("value")),
             since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
             capacity=quantity(obj(status.get("capacity")).get(resource)),
@@ -156,11 +148,19 @@ def _age(seconds: float | None) -> str:
     return f"{s // 3600}h" if s < 172800 else f"{s // 86400}d"
 
 
+def _cell(condition: Mapping[str, str] | None) -> str:
+    """A condition in a wide column: its status, and its reason unless True."""
+    if not condition or not condition.get("status"):
+        return "-"
+    status = condition["status"]
+    return status if status == "True" else f"{status} {condition.get('reason', '')}".rstrip()
+
+
 def render_table(rows: list[FleetRow], now: float, wide: bool = False,
                  color: bool = False) -> str:
     head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS"]
     if wide:
-        head[3:3] = [SHORT[t] for t in COLUMNS]
+        head[3:3] = [c.column for c in COLUMNS]
     head.append("FLAGS")
     lines = [head]
     for r in rows:
@@ -171,10 +171,7 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
                 f"{r.allocatable}/{r.capacity}",
                 peers_text(r.peers, per_rail=wide)]
         if wide:
-            line[3:3] = [(r.conditions.get(t, {}).get("status") or "-")
-                         + (f" {r.conditions[t]['reason']}"
-                            if r.conditions.get(t, {}).get("status") not in (None, "True")
-                            else "") for t in COLUMNS]
+            line[3:3] = [_cell(r.conditions.get(c.type)) for c in COLUMNS]
         line.append(",".join(r.flags) or "-")
         lines.append([printable(cell) for cell in line])  # names and reasons are not ours
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.model import (
-    CONDITION_TYPES,
     FABRIC_READY,
-    FABRIC_TRAFFIC_ON_RDMA,
     FINGERPRINT_LABELS,
+    ConditionType,
     Finding,
     rfc3339,
 )
@@ -62,12 +61,18 @@ def label_patch(current: Mapping[str, str], ours: Iterable[str],
     return patch
 
 
+_OURS = frozenset(ConditionType)
+
+
 def condition_updates(
     existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float,
     since: Mapping[str, float] | None = None, every: bool = False,
 ) -> list[dict[str, Any]]:
-    """Conditions of our types that differ from the Node's; [] when nothing changed (with
-    `every`, all of them: a heartbeat refreshes each one's lastHeartbeatTime).
+    """The findings' conditions that differ from the Node's; [] when nothing changed (with
+    `every`, all of them: a heartbeat refreshes each one's lastHeartbeatTime). Every finding
+    of our types is published (the registry, checks/conditions.py, registers each member
+    of ConditionType, and the admission policy allows exactly those); another writer's
+    type (the kubelet's Ready) is never written.
 
     Only changed conditions are returned, so steady state writes nothing. A status the
     Node does not show yet takes its transition time from `since` (when the agent saw the
@@ -76,7 +81,7 @@ def condition_updates(
     current = {c.get("type"): c for c in existing}
     out: list[dict[str, Any]] = []
     for f in findings:
-        if f.type not in (*CONDITION_TYPES, FABRIC_TRAFFIC_ON_RDMA):
+        if f.type not in _OURS:
             continue
         old = current.get(f.type)
         if not every and old is not None and (

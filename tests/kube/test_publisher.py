@@ -14,9 +14,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.config import Kubernetes
 from nodeagent.model import (
-    CONDITION_TYPES,
     FABRIC_READY,
     ROCE_NETWORK_READY,
     Finding,
