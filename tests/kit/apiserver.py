@@ -25,6 +25,7 @@ from tests.kit.pki import new_key, pem_key, write_serving_pki
 ROOT = Path(__file__).resolve().parents[2]
 TESTENV_SRC = ROOT / "tools" / "testenv"
 CACHE = build_cache("testenv")
+KUBECTL_SRC = ROOT / "tools" / "kubectl"
 AGENT_GROUP = "nodeagent:agents"
 KUBE_VERSION = "v1.34.4"  # tools/testenv/go.mod's k8s.io/kubernetes
 
@@ -100,6 +101,15 @@ def build_kube_binary(name: str) -> Path:
     return go_build(CACHE / f"{name}-{source_hash(None)}",
                     [f"-ldflags={version_stamp()}", f"k8s.io/kubernetes/cmd/{name}"],
                     TESTENV_SRC, name)
+
+
+def build_kubectl() -> Path:
+    """The real kubectl of the test API server's version (tools/kubectl: the main of
+    k8s.io/kubernetes/cmd/kubectl over the published k8s.io/kubectl module), what an
+    operator reads the Node with; cached by that module's requirements and its main."""
+    digest = hashlib.sha256((KUBECTL_SRC / "main.go").read_bytes()).hexdigest()[:8]
+    return go_build(CACHE / f"kubectl-{module_hash(KUBECTL_SRC)}-{digest}",
+                    [f"-ldflags={version_stamp()}", "."], KUBECTL_SRC, "kubectl")
 
 
 def make_pki(d: Path) -> None:

@@ -24,17 +24,19 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.kit.apiserver import build_kube_binary, build_testenv
+from tests.kit.apiserver import build_kube_binary, build_kubectl, build_testenv
 from tests.kit.deploytools import build_tool
 from tests.kit.helpers import build_cache, record_build
 from tests.kit.images import build_program
 from tests.kit.kueue import build_kueue
 from tools import imagebuild
 
-# In the order the main tiers meet them: the kube tier needs the API server, then helm and
-# kustomize; the kubelet tier the node's binaries and the test programs, then Kueue.
+# In the order the main tiers meet them: the kube tier needs the API server, kubectl (its
+# first module, the condition contract), then helm and kustomize; the kubelet tier the
+# node's binaries and the test programs, then Kueue.
 GO_BUILDS: list[tuple[str, Callable[[], Path]]] = [
     ("tools/testenv (kube-apiserver and etcd)", build_testenv),
+    ("kubectl", build_kubectl),
     ("helm", lambda: build_tool("helm")),
     ("kustomize", lambda: build_tool("kustomize")),
     ("kubelet", lambda: build_kube_binary("kubelet")),
