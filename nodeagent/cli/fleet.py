@@ -31,7 +31,7 @@ from nodeagent.cli.mesh import (
     suspects,
 )
 from nodeagent.config import parse_duration
-from nodeagent.io.files import printable
+from nodeagent.io.files import one_line, printable
 from nodeagent.kube.fields import obj, quantity, text, timestamp
 from nodeagent.model import FABRIC_READY, FW_VERSION, HCA_TYPE
 
@@ -304,7 +304,7 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
     try:
         api = user_client(args.kubeconfig, args.context, args.request_timeout)
     except Exception as exc:  # no kubeconfig, unreadable, not in a cluster
-        print(f"fleet: {(str(exc).splitlines() or [type(exc).__name__])[0]}", file=sys.stderr)
+        print(f"fleet: {one_line(exc, 1000)}", file=sys.stderr)
         return 1
     source = FleetSource(api, args.selector, args.lease_namespace)
     # Colour on a terminal only, and never with NO_COLOR set (no-color.org).

@@ -152,6 +152,18 @@ def printable(text: Any) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
 
 
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """Any exception as one line for a message: the first non-blank line of its text, else
+    its type's name (an exception raised with no message, a text of blank lines); cut at
+    `limit`. Never raises, so a caller that promises not to raise can use it."""
+    try:
+        text = str(exc)
+    except Exception:  # a foreign __str__ that fails: the type still says something
+        text = ""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return (first or type(exc).__name__)[:limit]
+
+
 def describe_error(exc: BaseException) -> str:
     """An OSError or decoding error as a short phrase for a one-line message."""
     if isinstance(exc, UnicodeDecodeError):

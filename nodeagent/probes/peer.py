@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodeagent.io.files import one_line
 from nodeagent.model import PeerOutcome, PeerProbe
 from nodeagent.probes.peerwire import (
     MTUS,
@@ -102,7 +103,7 @@ class RailEnd:
             self.mr = MR(self.pd, BUFFER, access)
         except Exception as exc:
             self.close()
-            raise ProbeFailed(Step.RESOURCES, str(exc).splitlines()[0][:200]) from exc
+            raise ProbeFailed(Step.RESOURCES, one_line(exc)) from exc
 
     def new_qp(self) -> Any:
         import pyverbs.enums as e
@@ -258,7 +259,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         try:
             qp = end.new_qp()
         except Exception as exc:
-            raise _Failed(PeerOutcome.LOCAL, f"QP: {str(exc).splitlines()[0][:200]}") from exc
+            raise _Failed(PeerOutcome.LOCAL, f"QP: {one_line(exc)}") from exc
         psn = random.randrange(1 << 24)
         sock, accept = _handshake(end, qp, address, port, deadline, psn)
         mtu = accept.mtu
@@ -285,7 +286,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
     except _Failed as failed:
         outcome, error = failed.outcome, failed.error
     except Exception as exc:  # pyverbs raises its own errors from any call
-        outcome, error = PeerOutcome.LOCAL, str(exc).splitlines()[0][:200]
+        outcome, error = PeerOutcome.LOCAL, one_line(exc)
     finally:
         if qp is not None:
             end.drop_qp(qp)

@@ -28,6 +28,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 
 import urllib3
 
+from nodeagent.io.files import one_line
 from nodeagent.io.http import TRACKED_POOLS, DeadlineExceeded
 from nodeagent.io.http import deadline as http_deadline
 from nodeagent.model import ImagePlatforms, Platform
@@ -384,5 +385,5 @@ class RegistryClient:
 
 
 def _reason(exc: Exception) -> str:
-    reason = getattr(exc, "reason", None) or exc
-    return (str(reason).splitlines() or [type(exc).__name__])[0][:200]
+    reason = getattr(exc, "reason", None)  # urllib3: the error that gave up, when there is one
+    return one_line(reason if isinstance(reason, BaseException) else exc)

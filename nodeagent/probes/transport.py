@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.io.files import one_line
 from nodeagent.model import TransportResult
 from nodeagent.model import TransportStep as Step
 
@@ -108,7 +109,7 @@ def connect_rc(qp: Any, port: int, gid_index: int, remote_qpn: int, remote_gid: 
         attr.max_rd_atomic = 1
         qp.to_rts(attr)
     except Exception as exc:
-        raise ProbeFailed(step, _first_line(exc)) from exc
+        raise ProbeFailed(step, one_line(exc)) from exc
 
 
 def _connect(pair: _Pair, port: int, gid: Any, gid_index: int) -> None:
@@ -130,10 +131,6 @@ def _complete(cq: Any, want: set[int], deadline: float) -> None:
             raise ProbeFailed(Step.TIMEOUT, f"{len(want)} completion(s) missing at the deadline")
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-
-
 def open_device(device: str, port: int, gid_index: int, address: str) -> tuple[Any, Any, int]:
     """The device opened, its port ACTIVE, the rail's GID at the pin: (context, GID, the
     port's active MTU as an IBV_MTU_*). The context is closed again if a step fails."""
@@ -143,12 +140,12 @@ def open_device(device: str, port: int, gid_index: int, address: str) -> tuple[A
     try:
         ctx = Context(name=device)
     except Exception as exc:
-        raise ProbeFailed(Step.DEVICE_OPEN, _first_line(exc)) from exc
+        raise ProbeFailed(Step.DEVICE_OPEN, one_line(exc)) from exc
     try:
         try:
             attr = ctx.query_port(port)
         except Exception as exc:
-            raise ProbeFailed(Step.PORT, _first_line(exc)) from exc
+            raise ProbeFailed(Step.PORT, one_line(exc)) from exc
         if attr.state != e.IBV_PORT_ACTIVE:
             # Two QPs of one port may still talk inside the HCA (soft-RoCE does, measured
             # in the lab): a port that is not ACTIVE carries nothing to the wire.
@@ -190,7 +187,7 @@ def _allocate(pair: _Pair, qps: int) -> None:
                                                    rcq=pair.cq, cap=cap)))
             pair.mrs.append(MR(pair.pd, CHUNK, e.IBV_ACCESS_LOCAL_WRITE))
     except Exception as exc:
-        raise ProbeFailed(Step.RESOURCES, _first_line(exc)) from exc
+        raise ProbeFailed(Step.RESOURCES, one_line(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -246,7 +243,7 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
         return TransportResult(rail, False, failed.step, failed.error,
                                seconds=time.monotonic() - started, gid_index=gid_index)
     except Exception as exc:  # pyverbs raises its own errors from any call
-        return TransportResult(rail, False, Step.VERBS, _first_line(exc),
+        return TransportResult(rail, False, Step.VERBS, one_line(exc),
                                seconds=time.monotonic() - started, gid_index=gid_index)
     finally:
         pair.close()

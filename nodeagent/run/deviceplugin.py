@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from nodeagent.checks.deviceplugin import newest_pod, plugin_images
 from nodeagent.config import Config, DevicePlugin, Registry, Runtime
-from nodeagent.io.files import STATE_MAX, parse_json_state, read_text_bounded, write_json_atomic
+from nodeagent.io.files import (
+    STATE_MAX,
+    one_line,
+    parse_json_state,
+    read_text_bounded,
+    write_json_atomic,
+)
 from nodeagent.io.periodic import Periodic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
@@ -61,7 +67,7 @@ def plugin_reader(
         try:
             obs: DevicePluginObservation = reader(dp).device_plugin(dp)
         except Exception as exc:  # e.g. a kubeconfig that cannot be loaded
-            return DevicePluginObservation(error=(str(exc).splitlines() or ["?"])[0][:300])
+            return DevicePluginObservation(error=one_line(exc, 300))
         if obs.error:
             return obs
         obs = replace(obs, machine=platform.machine())

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from nodeagent.io.files import one_line
 from nodeagent.model import NodeRail, PeerOutcome, Unfit
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.run.responder import Responder, Served
@@ -289,8 +290,7 @@ def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
             end.open(remote_read=False)
         except Exception as exc:  # ProbeFailed names its step; pyverbs' errors do not
             out.append(RingProbe(rail.name, source, target, PeerOutcome.LOCAL,
-                                 str(exc).splitlines()[0][:200] if str(exc) else
-                                 type(exc).__name__))
+                                 one_line(exc)))
             continue
         try:
             got = probe_peer(end, rail.name, peer.address, succ.node, probe_port, 5,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
+from nodeagent.io.files import one_line
 from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
@@ -302,7 +303,7 @@ class Responder(threading.Thread):
                        access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
         except Exception as exc:  # ProbeFailed, or pyverbs' own errors from any call
             log.warning("peer responder, %s: cannot answer %s: %s", conn.rail, conn.peer,
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        one_line(exc))
             if rail.end is not None and conn.qp is None:
                 rail.end.close()  # opened, but no QP: open again at the next Hello
                 rail.end = None

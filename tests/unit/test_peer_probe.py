@@ -6,6 +6,7 @@ RDMAPeersReachable. The probe itself, over soft-RoCE between two guests, is in t
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -23,6 +24,7 @@ from nodeagent.checks.peers import (
     static_peers,
 )
 from nodeagent.config import ConfigError, parse_config
+from nodeagent.io.files import one_line
 from nodeagent.model import (
     FABRIC_READY,
     RDMA_PEERS_REACHABLE,
@@ -30,7 +32,7 @@ from nodeagent.model import (
     PeerOutcome,
     PeerProbe,
 )
-from nodeagent.probes.peer import gid_raw, gid_text, ibv_mtu, mtu_bytes
+from nodeagent.probes.peer import RailEnd, gid_raw, gid_text, ibv_mtu, mtu_bytes, probe_peer
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
     REPLY_SIZE,
@@ -492,3 +494,40 @@ def test_a_path_mtu_read_that_runs_out_of_time_is_not_the_path_mtu(
     got = probe.probe_peer(End(), "fab0", "10.20.0.2", "lab-b", 18602, 5, 1.0)  # type: ignore[arg-type]
     assert got.outcome == outcome, got
     assert got.rtt_us == (120.0,) * 5
+
+
+class _BareFailure(RailEnd):
+    """A rail end whose QP cannot be made, failing as an allocation does: an exception
+    with no message at all (MemoryError() carries none)."""
+
+    def new_qp(self) -> Any:
+        raise MemoryError()
+
+
+def test_a_probe_that_fails_with_no_message_still_returns_a_verdict() -> None:
+    """probe_peer takes the first line of an error's text: for an exception without text
+    that was an IndexError, reported here as 'list index out of range' (and raised out of
+    probe_peer, which promises never to raise, from any later step)."""
+    got = probe_peer(_BareFailure("rxe0", 1, 3, "10.10.0.5"), "rail0", "10.10.0.7", "gpu-07",
+                     port=1, reads=1, timeout=1.0)
+    assert (got.outcome, got.error) == (PeerOutcome.LOCAL, "QP: MemoryError")
+
+
+@pytest.mark.parametrize(("exc", "line"), [
+    (RuntimeError(), "RuntimeError"),
+    (RuntimeError("\n\n  \n"), "RuntimeError"),
+    (OSError("first\nsecond"), "first"),
+    (ValueError("\n  indented first\nsecond"), "indented first"),
+    (ValueError("x" * 500), "x" * 200),
+])
+def test_an_exception_in_one_line_is_never_empty_and_never_raises(exc: BaseException,
+                                                                  line: str) -> None:
+    assert one_line(exc) == line
+
+
+def test_an_exception_whose_text_cannot_be_made_is_named_by_its_type() -> None:
+    class Broken(Exception):
+        def __str__(self) -> str:
+            raise TypeError("no text")
+
+    assert one_line(Broken()) == "Broken"
