@@ -3,7 +3,9 @@
 urllib3's read timeout bounds each recv, not a reply: a server sending a byte every two
 seconds would hold a request forever. Every connection a tracked pool hands out says which
 request it serves (the public HTTPConnection.request), so a timer can shut its socket down
-when the request's deadline passes. Used by the Kubernetes client and the registry client.
+when the request's deadline passes. Used by the Kubernetes client and the registry client,
+which read bodies the same way too (read_body: bounded, and never a half-read connection
+back in the pool).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3
@@ -20,6 +22,38 @@ import urllib3.connection
 
 class DeadlineExceeded(TimeoutError):
     pass
+
+
+class BodyTooLarge(ValueError):
+    """A reply over its reader's limit, announced or sent; its connection was closed."""
+
+
+READ_CHUNK = 64 << 10
+
+
+def read_body(resp: Any, limit: int, what: str,
+              before_read: Callable[[], object] | None = None) -> bytes:
+    """A reply's body (a urllib3 response not preloaded), refused past `limit` bytes
+    (announced by Content-Length, or sent): the connection is then closed, never returned
+    to the pool half-read. Reads what has arrived (read1), so a trickle cannot stall a
+    chunk; `before_read` runs before each read (a caller's deadline check)."""
+    length = str(resp.headers.get("Content-Length") or "")
+    if length.isdigit() and int(length) > limit:
+        resp.close()
+        raise BodyTooLarge(f"{what}: reply of {int(length)} bytes, over the {limit} allowed")
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        if before_read is not None:
+            before_read()
+        chunk = resp.read1(READ_CHUNK)
+        if not chunk:
+            return b"".join(parts)
+        size += len(chunk)
+        if size > limit:
+            resp.close()
+            raise BodyTooLarge(f"{what}: reply over the {limit} bytes allowed")
+        parts.append(chunk)
 
 
 _serving = threading.local()

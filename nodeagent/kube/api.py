@@ -25,7 +25,7 @@ from kubernetes.config.kube_config import KubeConfigLoader
 
 from nodeagent.config import Kubernetes
 from nodeagent.io.files import CONFIG_MAX, parse_json_state, read_text_bounded
-from nodeagent.io.http import TRACKED_POOLS, deadline
+from nodeagent.io.http import READ_CHUNK, TRACKED_POOLS, BodyTooLarge, deadline, read_body
 from nodeagent.io.safeyaml import safe_yaml
 
 TIMEOUT = (3.0, 10.0)  # connect, read (seconds): a dead API server must not hang anything
@@ -37,11 +37,8 @@ MAX_REPLY = 64 << 20
 # `kubectl fabric` lists every Node and Lease at once: ~15 KiB a Node, so 10,000 Nodes
 # are ~150 MB.
 FLEET_MAX_REPLY = 1 << 30
-READ_CHUNK = 64 << 10
-
-
-class ReplyTooLarge(ValueError):
-    pass
+# A reply (or a watch event) over its limit: the HTTP layer's one bounded reader says so.
+ReplyTooLarge = BodyTooLarge
 
 
 class ApiClient(k8s.ApiClient):
@@ -158,8 +155,8 @@ def call(
         with deadline(seconds):
             resp = api.call_api(method, url, header_params=headers, body=data,
                                 post_params=post, _request_timeout=TIMEOUT)
-            reply = _read_bounded(resp.response, f"{method} {path}",
-                                  getattr(api, "max_reply", MAX_REPLY))
+            reply = read_body(resp.response, getattr(api, "max_reply", MAX_REPLY),
+                              f"{method} {path}")
     except ReplyTooLarge:
         counters.errors += 1
         raise
@@ -232,24 +229,6 @@ def _no_answer(text: str, at: str, exc: BaseException) -> str:
     return ((lines[0] if lines else type(exc).__name__) + at)[:MAX_ERROR]
 
 
-def _read_bounded(raw: Any, what: str, limit: int = MAX_REPLY) -> bytes:
-    """A reply's body, refused past `limit` bytes (announced or sent); the connection is
-    then dropped, never returned to the pool half-read."""
-    length = str(raw.headers.get("Content-Length") or "")
-    if length.isdigit() and int(length) > limit:
-        raw.close()
-        raise ReplyTooLarge(f"{what}: reply of {int(length)} bytes, over the {limit} allowed")
-    parts: list[bytes] = []
-    size = 0
-    for chunk in raw.stream(READ_CHUNK):
-        size += len(chunk)
-        if size > limit:
-            raw.close()
-            raise ReplyTooLarge(f"{what}: reply over the {limit} bytes allowed")
-        parts.append(chunk)
-    return b"".join(parts)
-
-
 def _unreachable(api: k8s.ApiClient, exc: Exception) -> Exception:
     """A request that got no answer, as ApiUnreachable naming its server; an answer (an
     ApiException with an HTTP status) as it is."""
@@ -283,7 +262,7 @@ def watch(
     except Exception as exc:
         raise _unreachable(api, exc) from exc
     if resp.status != 200:
-        reply = _read_bounded(resp.response, f"watch {path}", getattr(api, "max_reply", MAX_REPLY))
+        reply = read_body(resp.response, getattr(api, "max_reply", MAX_REPLY), f"watch {path}")
         raise ApiException(status=resp.status, reason=resp.reason,
                            body=reply.decode("utf-8", "replace"))
     return WatchStream(resp.response, getattr(api, "max_reply", MAX_REPLY))

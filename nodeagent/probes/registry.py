@@ -29,7 +29,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 import urllib3
 
 from nodeagent.io.files import one_line
-from nodeagent.io.http import TRACKED_POOLS, DeadlineExceeded
+from nodeagent.io.http import TRACKED_POOLS, BodyTooLarge, DeadlineExceeded, read_body
 from nodeagent.io.http import deadline as http_deadline
 from nodeagent.model import ImagePlatforms, Platform
 
@@ -363,25 +363,13 @@ class RegistryClient:
         raise RegistryError(f"more than {MAX_REDIRECTS} redirects from {urlsplit(url).netloc}")
 
     def _read(self, resp: urllib3.BaseHTTPResponse, url: str, deadline: _Deadline) -> bytes:
-        length = resp.headers.get("Content-Length")
-        if length and length.isdigit() and int(length) > self.max_bytes:
-            raise RegistryError(f"{urlsplit(url).netloc}: reply of {length} bytes exceeds "
-                                f"{self.max_bytes}")
-        chunks, size = [], 0
-        try:
-            while True:
-                deadline.left()  # a trickling server must not hold the probe
-                chunk = resp.read1(64 << 10)  # what has arrived: a trickle cannot stall it
-                if not chunk:
-                    break
-                size += len(chunk)
-                if size > self.max_bytes:
-                    raise RegistryError(f"{urlsplit(url).netloc}: reply exceeds "
-                                        f"{self.max_bytes} bytes")
-                chunks.append(chunk)
+        host = urlsplit(url).netloc
+        try:  # a trickling server must not hold the probe: the deadline before each read
+            return read_body(resp, self.max_bytes, host, before_read=deadline.left)
+        except BodyTooLarge as exc:
+            raise RegistryError(str(exc)) from None
         except urllib3.exceptions.HTTPError as exc:
-            raise RegistryError(f"{urlsplit(url).netloc}: {_reason(exc)}") from exc
-        return b"".join(chunks)
+            raise RegistryError(f"{host}: {_reason(exc)}") from exc
 
 
 def _reason(exc: Exception) -> str:
