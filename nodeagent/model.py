@@ -480,6 +480,18 @@ class PeerRef:
 
 
 @dataclass(frozen=True)
+class RailEndpoint:
+    """Where a rail's RDMA traffic starts: its device and port, the pinned index of its
+    IPv4 RoCE v2 GID, its address. What the transport and peer probes, the responder and
+    the gang's ring probe are given."""
+
+    device: str
+    port: int
+    gid_index: int
+    address: str
+
+
+@dataclass(frozen=True)
 class CardRail:
     """One rail on an agent's peer card: where its responder answers."""
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model import PeerOutcome, PeerProbe
+from nodeagent.model import PeerOutcome, PeerProbe, RailEndpoint
 from nodeagent.probes.peerwire import (
     MTUS,
     REPLY_SIZE,
@@ -71,12 +71,10 @@ def gid_raw(gid: Any) -> bytes:
 
 @dataclass
 class RailEnd:
-    """One rail's RDMA resources for probing: device context, PD, CQ, a buffer."""
+    """One rail's RDMA resources for probing, at its endpoint: device context, PD, CQ, a
+    buffer."""
 
-    device: str
-    port: int
-    gid_index: int
-    address: str
+    at: RailEndpoint
     ctx: Any = None
     gid: Any = None
     mtu: int = 0  # the port's active MTU, IBV_MTU_*
@@ -94,8 +92,8 @@ class RailEnd:
 
         from nodeagent.model import TransportStep as Step
 
-        self.ctx, self.gid, self.mtu = open_device(self.device, self.port, self.gid_index,
-                                                   self.address)
+        at = self.at
+        self.ctx, self.gid, self.mtu = open_device(at.device, at.port, at.gid_index, at.address)
         access = e.IBV_ACCESS_LOCAL_WRITE | (e.IBV_ACCESS_REMOTE_READ if remote_read else 0)
         try:
             self.pd = PD(self.ctx)
@@ -141,7 +139,7 @@ def _handshake(end: RailEnd, qp: Any, address: str, port: int, deadline: float,
     """TCP from the rail's address to the responder, Hello out, Reply in."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind((end.address, 0))
+        sock.bind((end.at.address, 0))
         sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             sock.connect((address, port))
@@ -266,7 +264,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         from pyverbs.addr import GID
 
         try:
-            connect_rc(qp, end.port, end.gid_index, accept.qpn, GID(gid_text(accept.gid)),
+            connect_rc(qp, end.at.port, end.at.gid_index, accept.qpn, GID(gid_text(accept.gid)),
                        remote_psn=accept.psn, local_psn=psn, mtu=ibv_mtu(accept.mtu))
         except ProbeFailed as failed:
             raise _Failed(PeerOutcome.LOCAL, str(failed)) from failed

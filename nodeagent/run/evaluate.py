@@ -36,6 +36,7 @@ from nodeagent.model import (
     GidTable,
     Pin,
     PortHealth,
+    RailEndpoint,
     RailObservation,
     Report,
 )
@@ -48,7 +49,7 @@ from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.run.store import FactStore, PinKeeper, RepinSchedule
-from nodeagent.run.transport import Target, Targets
+from nodeagent.run.transport import Targets
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +383,7 @@ class Evaluator:
         """What the transport probe may probe, per rail: (device, port, pinned GID index,
         address), or why not (its GID is shifted: a probe's QPs would hold the entry the
         re-pin must free; its pin or device not known yet)."""
-        ready: dict[str, Target] = {}
+        ready: dict[str, RailEndpoint] = {}
         skipped: dict[str, str] = {}
         shifts = self.gid_verdict.shifts if self.gid_verdict is not None else {}
         for rail in self.cfg.rails:
@@ -395,7 +396,7 @@ class Evaluator:
             elif (pin.device or device) is None:
                 skipped[rail.name] = "its RDMA device is not known yet"
             else:
-                ready[rail.name] = Target(pin.device or device or "", pin.port or port,
+                ready[rail.name] = RailEndpoint(pin.device or device or "", pin.port or port,
                                           pin.index, rail.ip)
         return Targets(ready, skipped)
 

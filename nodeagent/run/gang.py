@@ -27,10 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from nodeagent.io.files import one_line
-from nodeagent.model import NodeRail, PeerOutcome, Unfit
+from nodeagent.model import NodeRail, PeerOutcome, RailEndpoint, Unfit
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.run.responder import Responder, Served
-from nodeagent.run.transport import Target
 
 CARD_MAX = 4096
 READ_TIMEOUT = 2.0
@@ -211,7 +210,7 @@ class RingProbe:
 
 
 def _served(card: GangCard, allowed: frozenset[str]) -> dict[str, Served]:
-    return {r.name: Served(Target(r.device, r.port or 1, r.gid_index, r.address), allowed)
+    return {r.name: Served(RailEndpoint(r.device, r.port or 1, r.gid_index, r.address), allowed)
             for r in card.rails
             if r.address and r.device and r.gid_index is not None}
 
@@ -285,7 +284,7 @@ def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
             out.append(RingProbe(rail.name, source, target, PeerOutcome.LOCAL,
                                  "the node's agent does not say where this rail's GID is"))
             continue
-        end = RailEnd(rail.device, rail.port or 1, rail.gid_index, rail.address)
+        end = RailEnd(RailEndpoint(rail.device, rail.port or 1, rail.gid_index, rail.address))
         try:
             end.open(remote_read=False)
         except Exception as exc:  # ProbeFailed names its step; pyverbs' errors do not

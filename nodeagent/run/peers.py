@@ -21,12 +21,12 @@ from ipaddress import IPv4Network
 from nodeagent.checks.peers import QUIET_DELIVERY, static_peers
 from nodeagent.config import MAX_PEERS, Config, Peers
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import PeerOutcome, PeerProbe, PeerRef
+from nodeagent.model import PeerOutcome, PeerProbe, PeerRef, RailEndpoint
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.probes.transport import ProbeFailed
 from nodeagent.run.discovery import Discovered, PeerDiscovery
 from nodeagent.run.responder import Responder, Served
-from nodeagent.run.transport import Target, Targets
+from nodeagent.run.transport import Targets
 from nodeagent.run.work import Deliver, PeersSeen
 
 MAX_RATE = 10.0  # probes a second per rail (R-Pingmesh's budget per RNIC)
@@ -135,11 +135,11 @@ class PeerProber(Periodic):
         self._listed = (dict(listing), dict(self.short))
         self._delivered_at = now
 
-    def _probe_rail(self, rail: str, target: Target, listed: tuple[PeerRef, ...],
+    def _probe_rail(self, rail: str, target: RailEndpoint, listed: tuple[PeerRef, ...],
                     peers: Peers, halted: Callable[[], bool]) -> list[PeerProbe]:
         end = self._ends.get(rail)
         if end is None:
-            end = RailEnd(target.device, target.port, target.gid_index, target.address)
+            end = RailEnd(target)
             try:
                 end.open(remote_read=False)
             except Exception as exc:  # ProbeFailed names its step; pyverbs' errors do not
@@ -160,12 +160,12 @@ class PeerProber(Periodic):
                                   peers.timeout, bandwidth=bool(every) and count % every == 0))
         return out
 
-    def _close_ends(self, keep: dict[str, Target]) -> None:
+    def _close_ends(self, keep: dict[str, RailEndpoint]) -> None:
         for rail in list(self._ends):
             end = self._ends[rail]
             t = keep.get(rail)
             if t is None or (t.device, t.port, t.gid_index, t.address) != (
-                    end.device, end.port, end.gid_index, end.address):
+                    end.at.device, end.at.port, end.at.gid_index, end.at.address):
                 end.close()
                 del self._ends[rail]
 

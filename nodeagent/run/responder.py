@@ -33,6 +33,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from nodeagent.io.files import one_line
+from nodeagent.model import RailEndpoint
 from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
@@ -45,7 +46,6 @@ from nodeagent.probes.peerwire import (
     parse_hello,
 )
 from nodeagent.probes.transport import connect_rc
-from nodeagent.run.transport import Target
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # bind before the address is u
 class Served:
     """One rail the responder answers on: where, and whom."""
 
-    target: Target
+    target: RailEndpoint
     peers: frozenset[str]  # the addresses it answers
     # and any address on these (with discovery: the rail's own network)
     networks: frozenset[IPv4Network] = frozenset()
@@ -291,13 +291,13 @@ class Responder(threading.Thread):
 
             if rail.end is None:
                 t = rail.served.target
-                end = RailEnd(t.device, t.port, t.gid_index, t.address)
+                end = RailEnd(t)
                 end.open(remote_read=True)
                 rail.end = end
             mtu = min(hello.mtu, mtu_bytes(rail.end.mtu))
             qp = rail.end.new_qp()
             conn.qp = qp
-            connect_rc(qp, rail.end.port, rail.end.gid_index, hello.qpn,
+            connect_rc(qp, rail.end.at.port, rail.end.at.gid_index, hello.qpn,
                        GID(gid_text(hello.gid)), remote_psn=hello.psn,
                        local_psn=hello.psn ^ 0x5A5A5A, mtu=ibv_mtu(mtu),
                        access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)

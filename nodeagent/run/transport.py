@@ -14,24 +14,16 @@ from dataclasses import dataclass, field, replace
 
 from nodeagent.config import Config, Transport
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import TransportResult
+from nodeagent.model import RailEndpoint, TransportResult
 from nodeagent.probes.transport import probe_rail
 from nodeagent.run.work import Deliver, TransportSeen
-
-
-@dataclass(frozen=True)
-class Target:
-    device: str
-    port: int
-    gid_index: int
-    address: str
 
 
 @dataclass(frozen=True)
 class Targets:
     """Per rail, what the probe may probe, or why it may not (yet)."""
 
-    ready: Mapping[str, Target] = field(default_factory=dict)
+    ready: Mapping[str, RailEndpoint] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
 
 

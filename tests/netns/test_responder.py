@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from nodeagent.model import RailEndpoint
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
     Hello,
@@ -29,13 +30,12 @@ from nodeagent.probes.peerwire import (
     parse_reply,
 )
 from nodeagent.run.responder import HANDSHAKE, MAX_PER_PEER, Responder, Served
-from nodeagent.run.transport import Target
 from tests.kit.helpers import Netns, entered, new_netns
 
 PORT = 18600
 RAIL = "10.10.0.5"
 KNOWN, OTHER, STRANGER = "10.10.0.6", "10.10.0.7", "10.10.0.8"
-SERVED = {"rail0": Served(Target("rxe-none", 1, 1, RAIL), frozenset({KNOWN, OTHER}))}
+SERVED = {"rail0": Served(RailEndpoint("rxe-none", 1, 1, RAIL), frozenset({KNOWN, OTHER}))}
 
 
 @pytest.fixture

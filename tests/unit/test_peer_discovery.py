@@ -43,11 +43,12 @@ from nodeagent.model import (
     PeerProbe,
     PeerRef,
     PeerStats,
+    RailEndpoint,
     RailStatus,
 )
 from nodeagent.run.discovery import Discovered, choose, discover, own_card
 from nodeagent.run.peers import merged_listing, served_rails
-from nodeagent.run.transport import Target, Targets
+from nodeagent.run.transport import Targets
 
 RAILS = [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
          {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]
@@ -249,7 +250,7 @@ def test_static_peers_come_first_and_discovered_ones_are_added_once() -> None:
 
 
 def test_with_discovery_the_responder_answers_its_rails_network_and_nothing_else() -> None:
-    t = Target("rxe0", 1, 1, "10.10.0.5")
+    t = RailEndpoint("rxe0", 1, 1, "10.10.0.5")
     served = served_rails(CFG, {}, Targets({"rail0": t}, {"rail1": "GID off its pin"}))
     assert served.keys() == {"rail0"}  # a rail with no peers of its own is still served
     assert served["rail0"].answers("10.10.0.77")

@@ -31,6 +31,7 @@ from nodeagent.model import (
     GidTable,
     PeerOutcome,
     PeerProbe,
+    RailEndpoint,
 )
 from nodeagent.probes.peer import RailEnd, gid_raw, gid_text, ibv_mtu, mtu_bytes, probe_peer
 from nodeagent.probes.peerwire import (
@@ -48,7 +49,7 @@ from nodeagent.probes.peerwire import (
     parse_reply,
 )
 from nodeagent.run.peers import round_period, served_rails
-from nodeagent.run.transport import Target, Targets
+from nodeagent.run.transport import Targets
 
 RAILS = [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
          {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]
@@ -168,7 +169,7 @@ def test_a_rail_with_many_peers_stretches_its_round_to_ten_probes_a_second() -> 
 
 
 def test_the_responder_serves_ready_rails_with_peers_for_those_peers_only() -> None:
-    t = Target("rxe0", 1, 1, "10.10.0.5")
+    t = RailEndpoint("rxe0", 1, 1, "10.10.0.5")
     got = served_rails(CFG, static_peers(CFG.peers), Targets(
         {"rail0": t}, {"rail1": "its GID is off its pinned index"}))
     assert got.keys() == {"rail0"}
@@ -423,8 +424,8 @@ def test_a_hostile_reply_never_sets_the_qp_up(reply: Accept | Refuse, words: str
         conn.close()
 
     threading.Thread(target=answer, daemon=True).start()
-    end = RailEnd("rxe0", 1, 1, "127.0.0.1", gid="0000:0000:0000:0000:0000:ffff:7f00:0001",
-                  mtu=3)  # the port's active MTU: IBV_MTU_1024
+    end = RailEnd(RailEndpoint("rxe0", 1, 1, "127.0.0.1"),  # mtu: the port's, IBV_MTU_1024
+                  gid="0000:0000:0000:0000:0000:ffff:7f00:0001", mtu=3)
     with pytest.raises(_Failed) as got:
         # Only the QP's number goes into the Hello: a namespace stands in for pyverbs' QP.
         _handshake(end, SimpleNamespace(qp_num=5), "127.0.0.1", server.getsockname()[1],
@@ -449,7 +450,7 @@ def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
     cfg = parse_config({"rails": RAILS, "peers": {"static": PEERS, "bandwidth_every": 3}})
     prober = run_peers.PeerProber(cfg, lambda item: None)
     prober._ends["rail0"] = object()  # type: ignore[assignment]  # an opened end
-    target = Target("rxe0", 1, 1, "10.10.0.5")
+    target = RailEndpoint("rxe0", 1, 1, "10.10.0.5")
     for _ in range(7):
         prober._probe_rail("rail0", target, (PeerRef("10.10.0.6"),), cfg.peers,
                            lambda: False)
@@ -471,7 +472,7 @@ def test_a_path_mtu_read_that_runs_out_of_time_is_not_the_path_mtu(
     from nodeagent.probes import peer as probe
 
     class End:
-        port, gid_index = 1, 3
+        at = RailEndpoint("rxe0", 1, 3, "10.20.0.1")
 
         def new_qp(self) -> object:
             return object()
@@ -508,8 +509,8 @@ def test_a_probe_that_fails_with_no_message_still_returns_a_verdict() -> None:
     """probe_peer takes the first line of an error's text: for an exception without text
     that was an IndexError, reported here as 'list index out of range' (and raised out of
     probe_peer, which promises never to raise, from any later step)."""
-    got = probe_peer(_BareFailure("rxe0", 1, 3, "10.10.0.5"), "rail0", "10.10.0.7", "gpu-07",
-                     port=1, reads=1, timeout=1.0)
+    end = _BareFailure(RailEndpoint("rxe0", 1, 3, "10.10.0.5"))
+    got = probe_peer(end, "rail0", "10.10.0.7", "gpu-07", port=1, reads=1, timeout=1.0)
     assert (got.outcome, got.error) == (PeerOutcome.LOCAL, "QP: MemoryError")
 
 
