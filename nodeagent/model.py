@@ -492,6 +492,14 @@ class RailEndpoint:
 
 
 @dataclass(frozen=True)
+class Targets:
+    """Per rail, where its probes start, or why it may not be probed (yet)."""
+
+    ready: Mapping[str, RailEndpoint] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class CardRail:
     """One rail on an agent's peer card: where its responder answers."""
 

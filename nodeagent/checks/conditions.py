@@ -19,10 +19,25 @@ from typing import Any, Literal
 from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
-from nodeagent.checks.facts import Facts
+from nodeagent.checks.facts import (
+    CustomChecksSeen,
+    Facts,
+    LustreSeen,
+    PeersSeen,
+    PluginSeen,
+    TransportSeen,
+)
+from nodeagent.checks.gid import gid_verdict
 from nodeagent.checks.lustre import lustre_finding
-from nodeagent.checks.network import network_finding
-from nodeagent.checks.peers import NO_PEERS, NOT_RESPONDING, peers_finding
+from nodeagent.checks.network import drift_by_rail, network_finding
+from nodeagent.checks.peers import (
+    NO_PEERS,
+    NOT_RESPONDING,
+    PeerHistory,
+    peers_finding,
+    rail_peer_stats,
+    static_peers,
+)
 from nodeagent.checks.port_health import hardware_finding
 from nodeagent.checks.traffic import traffic_expectation, traffic_finding
 from nodeagent.checks.transport import transport_finding
@@ -40,6 +55,8 @@ from nodeagent.model import (
     ROCE_NETWORK_READY,
     ConditionType,
     Finding,
+    PeerRef,
+    PeerStats,
     RailStatus,
     Report,
 )
@@ -83,9 +100,58 @@ class Condition:
         return self.configured(cfg) and bool(getattr(cfg, self.section or "").gate)
 
 
+def _plugin(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(PluginSeen)
+    return device_plugin_finding(cfg, seen.observation if seen else None,
+                                 seen.seen_ready if seen else frozenset())
+
+
 def _traffic(cfg: Config, facts: Facts) -> Finding:
-    expected, why = traffic_expectation(cfg, facts.device_plugin)
+    seen = facts.get(PluginSeen)
+    expected, why = traffic_expectation(cfg, seen.observation if seen else None)
     return traffic_finding(cfg, facts.traffic, facts.now, facts.counters, expected, why)
+
+
+def _lustre(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(LustreSeen)
+    return lustre_finding(cfg, seen.observation if seen else None)
+
+
+def _custom(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(CustomChecksSeen)
+    return custom_finding(cfg, seen.results if seen else {})
+
+
+def _transport(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(TransportSeen)
+    return transport_finding(cfg, seen.results if seen else {}, seen.skipped if seen else {},
+                             facts.now)
+
+
+def peers_listed(cfg: Config, facts: Facts) -> Mapping[str, tuple[PeerRef, ...]]:
+    """Each rail's peers as the prober last listed them; before its first round, the
+    config's own (not probed yet)."""
+    seen = facts.get(PeersSeen)
+    return seen.listed if seen is not None else static_peers(cfg.peers)
+
+
+def peer_stats_by_rail(cfg: Config, facts: Facts) -> dict[str, tuple[PeerStats, ...]]:
+    """Each rail's probed peers' figures (through facts.derive: once, for the judge and
+    the rails' status)."""
+    if cfg.peers is None:
+        return {}
+    seen = facts.get(PeersSeen)
+    return rail_peer_stats(cfg.peers, peers_listed(cfg, facts),
+                           seen.history if seen is not None else PeerHistory())
+
+
+def _peers(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(PeersSeen)
+    transport = facts.get(TransportSeen)
+    return peers_finding(cfg, facts.derive(peer_stats_by_rail, cfg),
+                         seen.skipped if seen else {}, facts.now,
+                         {r: t.ok for r, t in (transport.results if transport else {}).items()},
+                         peers_listed(cfg, facts), seen.short if seen else {})
 
 
 def _fabric_placeholder(cfg: Config, facts: Facts) -> Finding:
@@ -95,14 +161,13 @@ def _fabric_placeholder(cfg: Config, facts: Facts) -> Finding:
 FABRIC = Condition(FABRIC_READY, _fabric_placeholder, column="FABRIC")
 
 CONDITIONS: Sequence[Condition] = (
-    Condition(ROCE_NETWORK_READY, lambda cfg, f: network_finding(cfg, f.drift, f.overrides),
+    Condition(ROCE_NETWORK_READY,
+              lambda cfg, f: network_finding(cfg, f.derive(drift_by_rail, cfg), f.overrides),
               column="NET"),
-    Condition(ROCE_GID_STABLE, lambda cfg, f: f.gid.finding, column="GID"),
-    Condition(RDMA_DEVICE_PLUGIN_READY,
-              lambda cfg, f: device_plugin_finding(cfg, f.device_plugin, f.plugin_seen_ready),
-              column="PLUGIN", section="device_plugin", example={}),
-    Condition(LUSTRE_READY, lambda cfg, f: lustre_finding(cfg, f.lustre), column="LUSTRE",
-              section="lustre",
+    Condition(ROCE_GID_STABLE, lambda cfg, f: f.derive(gid_verdict, cfg).finding, column="GID"),
+    Condition(RDMA_DEVICE_PLUGIN_READY, _plugin, column="PLUGIN", section="device_plugin",
+              example={}),
+    Condition(LUSTRE_READY, _lustre, column="LUSTRE", section="lustre",
               example=[{"mountpoint": "/lustre/scratch", "source": "10.0.0.1@o2ib:/scratch"}]),
     FABRIC,
     Condition(FABRIC_TRAFFIC_ON_RDMA, _traffic, column="TRAFFIC", section="fabric_traffic",
@@ -110,20 +175,14 @@ CONDITIONS: Sequence[Condition] = (
     Condition(RDMA_HARDWARE_HEALTHY, lambda cfg, f: hardware_finding(cfg, f.ports, f.error_rates),
               column="HW", section="hardware", needs_section=True, gate="section",
               example={}),
-    Condition(CUSTOM_CHECKS_PASSED, lambda cfg, f: custom_finding(cfg, f.custom_results),
-              column="CUSTOM", section="custom_checks", needs_section=True, gate="section",
+    Condition(CUSTOM_CHECKS_PASSED, _custom, column="CUSTOM", section="custom_checks",
+              needs_section=True, gate="section",
               example={"checks": [{"name": "true", "command": ["true"]}]}),
-    Condition(RDMA_TRANSPORT_VERIFIED,
-              lambda cfg, f: transport_finding(cfg, f.transport_results, f.transport_skipped,
-                                               f.now),
-              column="TRANSPORT", section="transport", needs_section=True, gate="section",
-              example={}),
-    Condition(RDMA_PEERS_REACHABLE,
-              lambda cfg, f: peers_finding(cfg, f.peer_stats, f.peers_skipped, f.now,
-                                           {r: t.ok for r, t in f.transport_results.items()},
-                                           f.peers_listed, f.peers_short),
-              column="REACH", section="peers", needs_section=True, gate="section",
-              example={}, counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
+    Condition(RDMA_TRANSPORT_VERIFIED, _transport, column="TRANSPORT", section="transport",
+              needs_section=True, gate="section", example={}),
+    Condition(RDMA_PEERS_REACHABLE, _peers, column="REACH", section="peers",
+              needs_section=True, gate="section", example={},
+              counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
 )
 # Every type the agent may publish, in the registry's order (the admission policy allows
 # exactly these; the Node writer publishes what a pass judged, always a subset).
@@ -152,6 +211,9 @@ def judge_all(cfg: Config, facts: Facts,
 
 def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
     """Each rail as the status file, the metrics and `status --json` show it."""
+    drift, gid = facts.derive(drift_by_rail, cfg), facts.derive(gid_verdict, cfg)
+    transport = facts.get(TransportSeen)
+    peers = facts.derive(peer_stats_by_rail, cfg)
     rails = []
     for rail in cfg.rails:
         obs = facts.observations.get(rail.name)
@@ -162,15 +224,15 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
         rails.append(RailStatus(
             name=rail.name, interface=rail.interface,
             carrier=link.carrier if link else None, mtu=link.mtu if link else None,
-            drift=tuple(d.message for d in facts.drift.get(rail.name, ())),
-            gid_index=facts.gid.observed.get(rail.name), gid_index_pinned=pin,
+            drift=tuple(d.message for d in drift.get(rail.name, ())),
+            gid_index=gid.observed.get(rail.name), gid_index_pinned=pin,
             address=rail.ip,
             rdma_device=rail.rdma_device or (learned.device if learned else None),
             rdma_port=rail.rdma_port if rail.rdma_device else (
                 learned.port if learned else None),
             counters=facts.counters.get(rail.name), port=facts.ports.get(rail.name),
-            transport=facts.transport_results.get(rail.name),
-            peers=facts.peer_stats.get(rail.name) if cfg.peers is not None else None))
+            transport=transport.results.get(rail.name) if transport else None,
+            peers=peers.get(rail.name) if cfg.peers is not None else None))
     return rails
 
 

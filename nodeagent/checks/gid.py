@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nodeagent.config import Config, Rail
 from nodeagent.model import (
@@ -21,6 +22,9 @@ from nodeagent.model import (
     Problems,
     QueuePairs,
 )
+
+if TYPE_CHECKING:
+    from nodeagent.checks.facts import Facts
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,12 @@ def _against_pin(cfg: Config, rail: Rail, v2: list[GidEntry], table: GidTable,
                       + (why or "re-pinning: no QP uses the port"))
     else:
         tally.notes.append(f"{rail.name}: {current.device}/{current.port} index {pin.index}")
+
+
+def gid_verdict(cfg: Config, facts: Facts) -> GidVerdict:
+    """The pass's GID verdict (through facts.derive: once, for the judge, the re-pin and
+    the probes' targets alike)."""
+    return gid_finding(cfg, facts.gid_table, facts.pins, facts.qps, facts.rail_seen)
 
 
 def gid_finding(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from nodeagent.config import Config, Rail
 from nodeagent.model import (
@@ -21,6 +22,9 @@ from nodeagent.model import (
     Problems,
     RailObservation,
 )
+
+if TYPE_CHECKING:
+    from nodeagent.checks.facts import Facts
 
 _LINK_LOCAL_V6 = ipaddress.IPv6Network("fe80::/10")
 
@@ -146,6 +150,14 @@ def _sysctl_drift(cfg: Config, rail: Rail, obs: RailObservation) -> Iterator[Dri
             yield Drift(rail.name, DriftKind.SYSCTL,
                         f"{rail.label}: sysctl {key}={have}, want {want}",
                         repairable=True, detail=key)
+
+
+def drift_by_rail(cfg: Config, facts: Facts) -> dict[str, list[Drift]]:
+    """Each observed rail's drift (through facts.derive: once, for the judge and the
+    rails' status)."""
+    rails = {r.name: r for r in cfg.rails}
+    return {n: rail_drift(cfg, rails[n], o) for n, o in facts.observations.items()
+            if n in rails}
 
 
 def rail_drift(cfg: Config, rail: Rail, obs: RailObservation) -> list[Drift]:

@@ -143,9 +143,9 @@ def _ipr() -> Any:
 
 
 def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
+    from nodeagent.checks.facts import LustreSeen
     from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
     from nodeagent.run.sources import look_once
-    from nodeagent.run.work import LustreSeen
 
     cfg = _load(args.config)
     if getattr(args, "config_only", False):
@@ -172,7 +172,7 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
         if cfg.transport is not None:  # probe the rails the pass found, then judge again
             from nodeagent.run.transport import probe_targets
 
-            evaluator.store.observe_transport(probe_targets(evaluator.transport_targets(),
+            evaluator.store.deliver(probe_targets(evaluator.transport_targets(),
                                                             cfg.transport))
             errors = report.errors  # the pass's problems, as it met them
             report = evaluator.judge(repairs)

@@ -19,6 +19,7 @@ from types import FrameType
 
 from pyroute2.iproute import IPRoute
 
+from nodeagent.checks.facts import LustreSeen
 from nodeagent.config import Config
 from nodeagent.io.files import descriptor_faults
 from nodeagent.io.signals import take_hup
@@ -44,7 +45,6 @@ from nodeagent.run.work import (
     EventsLost,
     GidSlotsMoved,
     Inbox,
-    LustreSeen,
     NetlinkEvent,
     NodeChanged,
     ReloadAsked,
@@ -255,14 +255,7 @@ class Agent:
             report.errors.append("agent fault: out of file descriptors (EMFILE); the "
                                  "conditions are those of the last complete pass")
         self.record.last_report = report
-        if self.sources.gid_watcher is not None:
-            self.sources.gid_watcher.watch(self.evaluator.watched_slots())
-        if self.sources.transport is not None or self.sources.peers is not None:
-            targets = self.evaluator.transport_targets()
-            if self.sources.transport is not None:
-                self.sources.transport.targets = targets
-            if self.sources.peers is not None:
-                self.sources.peers.targets = targets
+        self.sources.aim(self.evaluator.aim())
         self.take_urgent()
         self._publish(report, submit=True)
         return report
@@ -306,7 +299,8 @@ class Agent:
         errors = report.errors
         if self.lock is not None and self.lock.problem:
             errors = [*errors, self.lock.problem]
-        lustre = self.store.lustre
+        seen = self.store.get(LustreSeen)
+        lustre = seen.observation if seen is not None else None
         publisher = self.sources.publisher
         return Status(
             report=replace(report, rails=rails, errors=errors),

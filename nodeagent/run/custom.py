@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 
+from nodeagent.checks.facts import CustomChecksSeen
 from nodeagent.config import Config, CustomCheck
 from nodeagent.io.commands import ProcessGroups, run_bounded
 from nodeagent.io.files import printable
 from nodeagent.io.periodic import Periodic
 from nodeagent.model import CustomCheckResult
-from nodeagent.run.work import CustomChecksSeen, Deliver
+from nodeagent.run.work import Deliver
 
 MESSAGE_MAX = 200
 

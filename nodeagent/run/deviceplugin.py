@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.checks.deviceplugin import newest_pod, plugin_images
+from nodeagent.checks.facts import PluginSeen
 from nodeagent.config import Config, DevicePlugin, Registry, Runtime
 from nodeagent.io.files import (
     STATE_MAX,
@@ -23,7 +24,7 @@ from nodeagent.io.periodic import Periodic
 from nodeagent.model import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
 from nodeagent.probes.runtime import container_log_lines, stored_image_platforms
-from nodeagent.run.work import Deliver, PluginSeen
+from nodeagent.run.work import Deliver
 
 if TYPE_CHECKING:  # the client library only when configured
     from nodeagent.kube.watch import WatchedCollection

@@ -20,13 +20,13 @@ from nodeagent.checks.facts import Facts
 from nodeagent.checks.gid import (
     GidVerdict,
     gid_finding,
+    gid_verdict,
     ipv4_v2_entries,
     pin_for,
     rail_entries,
 )
 from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.network import deletion_drift, rail_drift
-from nodeagent.checks.peers import rail_peer_stats, static_peers
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.systemd import RAIL
@@ -39,6 +39,7 @@ from nodeagent.model import (
     RailEndpoint,
     RailObservation,
     Report,
+    Targets,
 )
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
@@ -49,7 +50,7 @@ from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
 from nodeagent.run.store import FactStore, PinKeeper, RepinSchedule
-from nodeagent.run.transport import Targets
+from nodeagent.run.work import Aim
 
 log = logging.getLogger(__name__)
 
@@ -400,6 +401,10 @@ class Evaluator:
                                           pin.index, rail.ip)
         return Targets(ready, skipped)
 
+    def aim(self) -> Aim:
+        """What the sources are to look at after this pass."""
+        return Aim(self.transport_targets(), frozenset(self.watched_slots()))
+
     def hardware_due(self) -> float | None:
         """When the ports are to be read again (None: no hardware section)."""
         return self.due.hardware_at if self.cfg.hardware is not None else None
@@ -428,28 +433,14 @@ class Evaluator:
 
     def facts(self, overrides: Mapping[str, tuple[str, str]] | None = None) -> Facts:
         """This pass's facts, frozen for the judgement."""
-        cfg, store = self.cfg, self.store
-        observations = {n: o for n, o in store.observations.items() if n in self.rails}
-        # Before the prober's first round: the config's own peers, not yet probed.
-        listed = (store.peers_listed if store.peers_listed is not None
-                  else static_peers(cfg.peers))
+        store = self.store
         return Facts(
-            now=self.clock(),
-            gid=gid_finding(cfg, store.gid_table, self.pins, store.qps, store.rail_seen),
-            gid_source=store.gid_table.source,
-            observations=observations,
-            drift={n: rail_drift(cfg, self.rails[n], o) for n, o in observations.items()},
+            now=self.clock(), gid_table=store.gid_table, qps=store.qps,
+            rail_seen=dict(store.rail_seen),
+            observations={n: o for n, o in store.observations.items() if n in self.rails},
             overrides=dict(overrides or {}), pins=dict(self.pins),
-            device_plugin=store.device_plugin, plugin_seen_ready=store.plugin_seen_ready,
-            lustre=store.lustre, counters=dict(store.counters), traffic=store.traffic,
-            ports=dict(store.ports), error_rates=store.error_rates,
-            custom_results=dict(store.custom_results),
-            transport_results=dict(store.transport_results),
-            transport_skipped=dict(store.transport_skipped),
-            peer_stats=(rail_peer_stats(cfg.peers, listed, store.peer_history)
-                        if cfg.peers else {}),
-            peers_skipped=dict(store.peers_skipped), peers_listed=listed,
-            peers_short=dict(store.peers_short), labels=dict(store.labels))
+            counters=dict(store.counters), traffic=store.traffic, ports=dict(store.ports),
+            error_rates=store.error_rates, labels=dict(store.labels), seen=dict(store.seen))
 
     def judge(
         self,
@@ -467,8 +458,8 @@ class Evaluator:
         judged = self.facts(overrides)
         report = judge_pass(self.cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
-        self.gid_verdict = judged.gid
-        self.repins.settled(judged.gid.shifts)
+        self.gid_verdict = judged.derive(gid_verdict, self.cfg)  # the judge's, not again
+        self.repins.settled(self.gid_verdict.shifts)
         return report
 
     def keep_learned_pins(self, report: Report) -> None:

@@ -56,8 +56,8 @@ class GidSlotWatcher(Periodic):
         self._last: dict[Slot, str | None] = {}
         self._settle_until = 0.0
 
-    def watch(self, slots: Iterable[Slot]) -> None:
-        """The slots to watch from now on (set by the loop after each pass)."""
+    def retarget(self, slots: Iterable[Slot]) -> None:
+        """The slots to watch from now on (the loop's, after each pass)."""
         new = frozenset(slots)
         if new != self._slots:
             self._slots = new

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from nodeagent.checks.facts import LustreSeen
 from nodeagent.checks.lustre import mount_problems
 from nodeagent.config import Config
 from nodeagent.io.commands import BoundedRunner
@@ -15,7 +16,7 @@ from nodeagent.io.periodic import Periodic
 from nodeagent.model import LustreObservation
 from nodeagent.probes.lustre import observe_lustre
 from nodeagent.remedies.lustre import remount
-from nodeagent.run.work import Deliver, LustreSeen
+from nodeagent.run.work import Deliver
 
 log = logging.getLogger(__name__)
 

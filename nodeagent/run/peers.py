@@ -4,7 +4,7 @@ peers, and a prober thread probing them, each rail's peers one after another, ev
 handed to the loop at once when an outcome changed or failed, else batched for
 QUIET_DELIVERY seconds.
 
-Both follow the rails the loop hands over after each pass (`targets`, the transport
+Both follow the rails the loop hands over after each pass (`retarget`, the transport
 probe's): a rail whose GID is off its pin, or whose device is not known, is neither probed
 nor served, and is delivered as skipped with the reason. Each rail keeps its device
 context open between rounds; a probe's QP lives for the probe only. The peers are the
@@ -18,16 +18,16 @@ import time
 from collections.abc import Callable, Mapping
 from ipaddress import IPv4Network
 
+from nodeagent.checks.facts import PeersSeen
 from nodeagent.checks.peers import QUIET_DELIVERY, static_peers
 from nodeagent.config import MAX_PEERS, Config, Peers
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import PeerOutcome, PeerProbe, PeerRef, RailEndpoint
+from nodeagent.model import PeerOutcome, PeerProbe, PeerRef, RailEndpoint, Targets
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.probes.transport import ProbeFailed
 from nodeagent.run.discovery import Discovered, PeerDiscovery
 from nodeagent.run.responder import Responder, Served
-from nodeagent.run.transport import Targets
-from nodeagent.run.work import Deliver, PeersSeen
+from nodeagent.run.work import Deliver
 
 MAX_RATE = 10.0  # probes a second per rail (R-Pingmesh's budget per RNIC)
 
@@ -206,12 +206,8 @@ class PeerService:
         self._started = False
         self._relist()
 
-    @property
-    def targets(self) -> Targets | None:
-        return self.prober.targets
-
-    @targets.setter
-    def targets(self, targets: Targets) -> None:
+    def retarget(self, targets: Targets) -> None:
+        """The rails the loop found ready after a pass: probed, and served."""
         first = self.prober.targets is None
         self.prober.targets = targets
         self._serve()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from nodeagent.checks.facts import CustomChecksSeen, LustreSeen, PluginSeen
 from nodeagent.config import Config
 from nodeagent.publish.publisher import Publisher
 from nodeagent.run.custom import CustomChecksMonitor
@@ -19,11 +20,9 @@ from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
 from nodeagent.run.transport import TransportMonitor
 from nodeagent.run.work import (
-    CustomChecksSeen,
+    Aim,
     Deliver,
-    LustreSeen,
     NodeChanged,
-    PluginSeen,
     Source,
 )
 
@@ -75,6 +74,15 @@ class Sources:
         self.peers: PeerService | None = None
         self.metrics: AgentMetrics | None = None
         self._metrics_server: Any = None
+
+    def aim(self, aim: Aim) -> None:
+        """After each pass: each running source gets what it is to look at next."""
+        if self.gid_watcher is not None:
+            self.gid_watcher.retarget(aim.gid_slots)
+        if self.transport is not None:
+            self.transport.retarget(aim.rails)
+        if self.peers is not None:
+            self.peers.retarget(aim.rails)
 
     def _start(self, source: Source) -> None:
         self.started.append(source)

@@ -12,27 +12,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from nodeagent.checks.facts import D, Delivered
 from nodeagent.checks.gid import GidVerdict
-from nodeagent.checks.peers import PeerHistory
 from nodeagent.checks.port_health import ErrorRates
 from nodeagent.checks.traffic import TrafficTracker
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads
 from nodeagent.io.files import describe_error
 from nodeagent.model import (
-    CustomCheckResult,
-    DevicePluginObservation,
     GidTable,
-    LustreObservation,
-    PeerRef,
     Pin,
     PortHealth,
     QueuePairs,
     RailCounters,
     RailObservation,
-    TransportResult,
 )
-from nodeagent.run.work import CustomChecksSeen, LustreSeen, PeersSeen, PluginSeen, TransportSeen
 from nodeagent.state import load_pins, save_pins
 
 
@@ -44,63 +38,35 @@ class FactStore:
     # table rewritten, an address away) the rail's slots stay watched and its device read.
     rail_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
     qps: QueuePairs | None = None  # looked at only while a GID is shifted
-    lustre: LustreObservation | None = None  # set by whoever probes the mounts
-    device_plugin: DevicePluginObservation | None = None  # likewise, the plugin
-    plugin_seen_ready: frozenset[str] = frozenset()  # pod UIDs once seen Ready
     counters: dict[str, RailCounters] = field(default_factory=dict)
     traffic: TrafficTracker = field(default_factory=TrafficTracker)  # kernel vs RDMA bytes
     ports: dict[str, PortHealth] = field(default_factory=dict)  # with a hardware section
     error_rates: ErrorRates = field(default_factory=ErrorRates)
-    custom_results: dict[str, CustomCheckResult] = field(default_factory=dict)  # by check
-    transport_results: dict[str, TransportResult] = field(default_factory=dict)  # by rail
-    transport_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
-    peer_history: PeerHistory = field(default_factory=PeerHistory)  # each peer's probes
-    peers_skipped: dict[str, str] = field(default_factory=dict)  # rail -> why not probed
-    # Each rail's peers as the prober last listed them (static, then discovered); None
-    # before its first round. And why discovery found fewer than peers.sample.
-    peers_listed: dict[str, tuple[PeerRef, ...]] | None = None
-    peers_short: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
+    # What the sources delivered: the latest of each kind (checks/facts.py, Delivered).
+    seen: dict[type[Delivered], Delivered] = field(default_factory=dict)
     reads: BoundedReads = field(default_factory=BoundedReads)  # driver reads off-thread
 
     def keep_rails(self, rails: Iterable[Rail], before: Iterable[Rail]) -> None:
         """After a reload: what was seen of a rail whose config changed (or that is gone)
         is forgotten, so it is never reported under the new config; the rest is kept."""
-        now = list(rails)
+        now, before = list(rails), list(before)
         same = {r.name for r in before if r in now}
-        for facts in (self.observations, self.rail_seen, self.counters, self.ports,
-                      self.transport_results, self.transport_skipped, self.peers_skipped):
+        changed = {r.name for r in (*before, *now)} - same
+        for facts in (self.observations, self.rail_seen, self.counters, self.ports):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
+        self.seen = {kind: item.without_rails(changed) for kind, item in self.seen.items()}
 
-    def deliver(self, item: LustreSeen | PluginSeen | CustomChecksSeen | TransportSeen
-                | PeersSeen) -> None:
-        """A source's observation, kept as the latest of its kind."""
-        match item:
-            case LustreSeen():
-                self.lustre = item.observation
-            case PluginSeen():
-                self.device_plugin, self.plugin_seen_ready = item.observation, item.seen_ready
-            case CustomChecksSeen():
-                self.custom_results = item.results
-            case TransportSeen():
-                self.observe_transport(item)
-            case PeersSeen():
-                self.observe_peers(item)
+    def deliver(self, item: Delivered) -> None:
+        """A source's observation, kept as the latest of its kind (folded onto the one
+        before, for a kind that accumulates)."""
+        kind = type(item)
+        self.seen[kind] = item.after(self.seen.get(kind))
 
-    def observe_transport(self, seen: TransportSeen) -> None:
-        """A round of transport probes: a skipped rail forgets its last result."""
-        self.transport_results.update(seen.results)
-        self.transport_skipped = dict(seen.skipped)
-        for rail in seen.skipped:
-            self.transport_results.pop(rail, None)
-
-
-    def observe_peers(self, seen: PeersSeen) -> None:
-        self.peer_history.observe_round(seen.probes, seen.skipped, seen.window)
-        self.peers_skipped = dict(seen.skipped)
-        self.peers_listed = dict(seen.listed)
-        self.peers_short = dict(seen.short)
+    def get(self, kind: type[D]) -> D | None:
+        got = self.seen.get(kind)
+        return got if isinstance(got, kind) else None
 
 
 class PinKeeper:

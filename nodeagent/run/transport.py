@@ -1,7 +1,7 @@
 """The transport-probe thread: every `transport.probe_interval` (and at start) it probes
 each rail the loop says may be probed, off the main loop, and delivers the results.
 
-The loop hands over the targets after each pass (`targets`): a rail whose GID is shifted,
+The loop hands over the targets after each pass (`retarget`): a rail whose GID is shifted,
 or whose device, pin or address is not known, is left out with the reason, so a probe never
 holds a GID entry while the agent re-pins it.
 """
@@ -9,22 +9,15 @@ holds a GID entry while the agent re-pins it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 
+from nodeagent.checks.facts import TransportSeen
 from nodeagent.config import Config, Transport
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import RailEndpoint, TransportResult
+from nodeagent.model import Targets, TransportResult
 from nodeagent.probes.transport import probe_rail
-from nodeagent.run.work import Deliver, TransportSeen
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Per rail, what the probe may probe, or why it may not (yet)."""
-
-    ready: Mapping[str, RailEndpoint] = field(default_factory=dict)
-    skipped: Mapping[str, str] = field(default_factory=dict)
+from nodeagent.run.work import Deliver
 
 
 def probe_targets(targets: Targets, tr: Transport,
@@ -49,7 +42,10 @@ class TransportMonitor(Periodic):
         super().__init__("transport-probe")
         self.cfg = cfg
         self.deliver = deliver
-        self.targets: Targets | None = None  # set by the loop after a pass
+        self.targets: Targets | None = None  # the loop's, after each pass (retarget)
+
+    def retarget(self, targets: Targets) -> None:
+        self.targets = targets
 
     def turn(self) -> float:
         tr, targets = self.cfg.transport, self.targets

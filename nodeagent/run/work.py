@@ -14,20 +14,23 @@ from __future__ import annotations
 import queue
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from nodeagent.checks.facts import Delivered
 
 if TYPE_CHECKING:
     from nodeagent.config import Config
-    from nodeagent.model import (
-        CustomCheckResult,
-        DevicePluginObservation,
-        KernelEvent,
-        LustreObservation,
-        PeerProbe,
-        PeerRef,
-        TransportResult,
-    )
+    from nodeagent.model import KernelEvent, Targets
+
+
+@dataclass(frozen=True)
+class Aim:
+    """What the loop hands the sources after each pass, in one call (Sources.aim): each
+    rail's endpoint for the probes (or why not), and the GID slots worth watching."""
+
+    rails: Targets
+    gid_slots: frozenset[tuple[str, int, int]]  # (device, port, index)
 
 
 class Source(Protocol):
@@ -60,38 +63,6 @@ class GidSlotsMoved:
 
 
 @dataclass(frozen=True)
-class LustreSeen:
-    observation: LustreObservation
-    remounted: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PluginSeen:
-    observation: DevicePluginObservation
-    seen_ready: frozenset[str] = frozenset()  # plugin pod UIDs ever seen Ready
-
-
-@dataclass(frozen=True)
-class CustomChecksSeen:
-    results: dict[str, CustomCheckResult]  # by check name, the latest run of each
-
-
-@dataclass(frozen=True)
-class TransportSeen:
-    results: dict[str, TransportResult]  # by rail, this round's probes
-    skipped: dict[str, str]  # rail -> why it was not probed
-
-
-@dataclass(frozen=True)
-class PeersSeen:
-    probes: dict[str, tuple[PeerProbe, ...]]  # by rail, this round's probes of its peers
-    skipped: dict[str, str]  # rail -> why it was not probed
-    window: int = 60  # how many of each peer's probes are judged (peers.window)
-    listed: dict[str, tuple[PeerRef, ...]] = field(default_factory=dict)  # rail -> its peers
-    short: dict[str, str] = field(default_factory=dict)  # rail -> why discovery found fewer
-
-
-@dataclass(frozen=True)
 class NodeChanged:
     """The Kubernetes side changed (the agent's Node, its writes): the status file says so
     without a pass."""
@@ -118,8 +89,10 @@ class Reloaded:
     error: BaseException | None = None
 
 
-Work = (NetlinkEvent | EventsLost | GidSlotsMoved | LustreSeen | PluginSeen | CustomChecksSeen
-        | TransportSeen | PeersSeen | NodeChanged | StopAsked | ReloadAsked | Reloaded)
+# A source's observation is any Delivered kind (checks/facts.py): the store keeps the
+# latest of each, so a new source adds nothing here.
+Work = (NetlinkEvent | EventsLost | GidSlotsMoved | Delivered | NodeChanged | StopAsked
+        | ReloadAsked | Reloaded)
 Deliver = Callable[[Work], None]
 
 

@@ -247,11 +247,10 @@ def test_a_reload_moves_the_responder_to_the_new_port_and_peers(
     """The source as the daemon runs it (responder and prober): a reload with another port
     listens there and not on the old one; new peers are answered at once. (The prober's
     rounds fail here at this node's device, delivered as such.)"""
+    from nodeagent.checks.facts import PeersSeen
     from nodeagent.config import parse_config
-    from nodeagent.model import PeerOutcome
+    from nodeagent.model import PeerOutcome, Targets
     from nodeagent.run.peers import PeerService
-    from nodeagent.run.transport import Targets
-    from nodeagent.run.work import PeersSeen
 
     node, peers = wire
     rails = [{"name": "rail0", "interface": "r0", "address": f"{RAIL}/24"}]
@@ -265,7 +264,7 @@ def test_a_reload_moves_the_responder_to_the_new_port_and_peers(
         service = PeerService(config(PORT, KNOWN), seen.append)  # type: ignore[arg-type]
         service.start()
     try:
-        service.targets = Targets({"rail0": SERVED["rail0"].target})
+        service.retarget(Targets({"rail0": SERVED["rail0"].target}))
         _until(lambda: service.responder.listening.get("rail0") == (RAIL, PORT), "listening")
         _until(lambda: bool(seen), "a round delivered")
         probe = seen[-1].probes["rail0"][0]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodeagent.checks.conditions import CONDITIONS, judge_all, judge_pass
-from nodeagent.checks.facts import Facts
+from nodeagent.checks.facts import Facts, TransportSeen
 from nodeagent.checks.gid import gid_finding
 from nodeagent.config import parse_config
 from nodeagent.model import FABRIC_READY, Pin, Problem, Problems
@@ -99,8 +99,7 @@ def test_judging_the_same_facts_twice_gives_the_same_report(tmp_path: Path) -> N
     make_gid_tree(tmp_path, "mlx5_1", roce_entries("r1", "10.11.0.5", ipv4_index=6))
     cfg = two_rails(tmp_path, hardware={}, transport={})
     table = read_sysfs(tmp_path)
-    facts = Facts(now=100.0, gid=gid_finding(cfg, table, {}), gid_source=table.source,
-                  pins={"rail0": Pin(3, "mlx5_0", 1, learned=True)})
+    facts = Facts(now=100.0, gid_table=table, pins={"rail0": Pin(3, "mlx5_0", 1, learned=True)})
     first, second = judge_pass(cfg, facts), judge_pass(cfg, facts)
     assert first.as_dict() == second.as_dict()
     types = [f.type for f in first.findings]
@@ -118,7 +117,7 @@ def test_fabric_ready_is_over_the_gated_conditions_only(tmp_path: Path) -> None:
                             {"name": "rail0", "interface": "r0", "address": "10.10.0.5/24",
                              "rdma_device": "mlx5_0", "gid_index": 3}]})
     table = read_sysfs(tmp_path)
-    findings = {f.type: f for f in judge_all(cfg, Facts(now=0.0, gid=gid_finding(cfg, table, {})))}
+    findings = {f.type: f for f in judge_all(cfg, Facts(now=0.0, gid_table=table))}
     assert findings["RDMATransportVerified"].status == "Unknown"
     assert findings[FABRIC_READY].reason != "TransportNotVerified"
     assert "RDMATransportVerified" not in findings[FABRIC_READY].message
@@ -127,8 +126,9 @@ def test_fabric_ready_is_over_the_gated_conditions_only(tmp_path: Path) -> None:
 def test_a_reload_forgets_what_it_saw_of_a_changed_rail_only(tmp_path: Path) -> None:
     cfg = two_rails(tmp_path)
     store = FactStore(rail_seen={"rail0": ("mlx5_0", 1), "rail1": ("mlx5_1", 1)},
-                      transport_skipped={"rail0": "no pin", "rail1": "no pin"})
+                      seen={TransportSeen: TransportSeen({}, {"rail0": "no pin",
+                                                              "rail1": "no pin"})})
     changed = cfg.rails[1].model_copy(update={"interface": "r9"})
     store.keep_rails([cfg.rails[0], changed], cfg.rails)
     assert store.rail_seen == {"rail0": ("mlx5_0", 1)}
-    assert store.transport_skipped == {"rail0": "no pin"}
+    assert store.get(TransportSeen) == TransportSeen({}, {"rail0": "no pin"})

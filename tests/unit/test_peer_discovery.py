@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent.checks.conditions import judge_all
-from nodeagent.checks.facts import Facts
-from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.facts import Facts, PeersSeen
 from nodeagent.checks.peers import peers_finding
 from nodeagent.cli.mesh import mesh_cells, mesh_document, peer_counts, render_grid, suspects
 from nodeagent.config import ConfigError, parse_config
@@ -36,7 +35,6 @@ from nodeagent.model import (
     FABRIC_READY,
     RDMA_PEERS_REACHABLE,
     CardRail,
-    GidTable,
     MeshVerdict,
     PeerCard,
     PeerOutcome,
@@ -45,10 +43,10 @@ from nodeagent.model import (
     PeerStats,
     RailEndpoint,
     RailStatus,
+    Targets,
 )
 from nodeagent.run.discovery import Discovered, choose, discover, own_card
 from nodeagent.run.peers import merged_listing, served_rails
-from nodeagent.run.transport import Targets
 
 RAILS = [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
          {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]
@@ -272,8 +270,9 @@ def test_discover_needs_a_kubernetes_section() -> None:
 # ---------------------------------------------------------------- the condition
 
 
-def facts(**kw: Any) -> Facts:
-    return Facts(now=100.0, gid=gid_finding(CFG, GidTable(source="sysfs"), {}), **kw)
+def facts(listed: dict[str, tuple[PeerRef, ...]], short: dict[str, str]) -> Facts:
+    """A pass's facts after a discovery round that listed `listed`, short by `short`."""
+    return Facts(now=100.0, seen={PeersSeen: PeersSeen({}, {}, listed=listed, short=short)})
 
 
 def test_before_the_first_discovery_each_rail_is_discovering() -> None:
@@ -288,7 +287,7 @@ def test_no_peer_on_a_network_is_unknown_and_never_holds_fabric_ready() -> None:
     assert (f.status, f.reason) == ("Unknown", "NoPeersFound")
     assert "rail0: no peer to probe: 0 live agents on 10.10.0.0/24" in f.message
     only = {"rail0": "0 live agents", "rail1": "0 live agents"}
-    out = {x.type: x for x in judge_all(CFG, facts(peers_listed={}, peers_short=only))}
+    out = {x.type: x for x in judge_all(CFG, facts(listed={}, short=only))}
     assert out[RDMA_PEERS_REACHABLE].reason == "NoPeersFound"
     assert "RDMAPeersReachable" not in out[FABRIC_READY].message  # gated, yet no taint
 

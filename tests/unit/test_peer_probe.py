@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from pyverbs.addr import GID
 
 from nodeagent.checks.conditions import judge_all
-from nodeagent.checks.facts import Facts
-from nodeagent.checks.gid import gid_finding
+from nodeagent.checks.facts import Facts, PeersSeen
 from nodeagent.checks.peers import (
     PeerHistory,
     peer_stats,
@@ -28,10 +27,10 @@ from nodeagent.io.files import one_line
 from nodeagent.model import (
     FABRIC_READY,
     RDMA_PEERS_REACHABLE,
-    GidTable,
     PeerOutcome,
     PeerProbe,
     RailEndpoint,
+    Targets,
 )
 from nodeagent.probes.peer import RailEnd, gid_raw, gid_text, ibv_mtu, mtu_bytes, probe_peer
 from nodeagent.probes.peerwire import (
@@ -49,7 +48,6 @@ from nodeagent.probes.peerwire import (
     parse_reply,
 )
 from nodeagent.run.peers import round_period, served_rails
-from nodeagent.run.transport import Targets
 
 RAILS = [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
          {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]
@@ -256,16 +254,19 @@ def test_small_reads_passing_and_mtu_reads_failing_is_the_path_mtu() -> None:
     assert "fail at the path MTU over RoCE" in f.message and "TCP reaches them" in f.message
 
 
+def probed(cfg, h: PeerHistory) -> Facts:  # type: ignore[no-untyped-def]
+    """A pass's facts after the prober's rounds of `h` over the config's peers."""
+    return Facts(now=103.0, seen={PeersSeen: PeersSeen({}, {}, listed=static_peers(cfg.peers),
+                                                       history=h)})
+
+
 def test_a_peer_that_tcp_does_not_reach_is_unknown_and_never_taints() -> None:
     bad = {**HEALTHY, "10.10.0.7": GONE}
     h = history(bad, bad, errors={"10.10.0.7": "TCP to 10.10.0.7:18600: connection refused"})
     f = judged(h)
     assert (f.status, f.reason) == ("Unknown", "PeerNotResponding")
     assert "do not answer on TCP either" in f.message
-    facts = Facts(now=103.0, gid=gid_finding(GATED, GidTable(source="sysfs"), {}),
-                  peer_stats=rail_peer_stats(GATED.peers,  # type: ignore[arg-type]
-                                             static_peers(GATED.peers), h))
-    out = {x.type: x for x in judge_all(GATED, facts)}
+    out = {x.type: x for x in judge_all(GATED, probed(GATED, h))}
     assert out[RDMA_PEERS_REACHABLE].reason == "PeerNotResponding"
     assert "RDMAPeersReachable" not in out[FABRIC_READY].message  # gated, yet no taint
 
@@ -273,10 +274,7 @@ def test_a_peer_that_tcp_does_not_reach_is_unknown_and_never_taints() -> None:
 def test_a_roce_failure_gated_holds_fabric_ready() -> None:
     bad = {**HEALTHY, "10.10.0.7": ROCE}
     h = history(bad, bad)
-    facts = Facts(now=103.0, gid=gid_finding(GATED, GidTable(source="sysfs"), {}),
-                  peer_stats=rail_peer_stats(GATED.peers,  # type: ignore[arg-type]
-                                             static_peers(GATED.peers), h))
-    out = {x.type: x for x in judge_all(GATED, facts)}
+    out = {x.type: x for x in judge_all(GATED, probed(GATED, h))}
     assert "RDMAPeersReachable=False (PeerUnreachable)" in out[FABRIC_READY].message
 
 
@@ -367,7 +365,6 @@ def test_the_latest_bandwidth_sample_in_the_window_is_reported() -> None:
 
 def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> None:
     from nodeagent.run.peers import PeerProber
-    from nodeagent.run.work import PeersSeen
 
     got: list[PeersSeen] = []
     prober = PeerProber(CFG, got.append)  # type: ignore[arg-type]

@@ -13,7 +13,6 @@ import yaml
 
 from nodeagent.checks.conditions import CONDITION_TYPES, CONDITIONS, judge_all
 from nodeagent.checks.facts import Facts
-from nodeagent.checks.gid import GidVerdict
 from nodeagent.cli.deploy import render
 from nodeagent.cli.fleet import COLUMNS, render_table
 from nodeagent.config import Config, parse_config
@@ -58,7 +57,7 @@ def test_a_section_gate_decides_fabric_ready_and_core_ones_always_gate() -> None
             if c.gate == "section":
                 section = {**c.example, "gate": gate}
             cfg = parse_config({c.section: section} if c.section else {})
-            fabric = judge_all(cfg, Facts(now=0.0, gid=GidVerdict(failing[c.type])),
+            fabric = judge_all(cfg, Facts(now=0.0),
                                (judged, *[x for x in CONDITIONS if x.type == FABRIC_READY]))
             want = gate or c.gate == "always"
             assert (fabric[-1].status == "False") is want, (c.type, gate)
