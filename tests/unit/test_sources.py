@@ -20,7 +20,7 @@ def test_the_gid_slot_source_delivers_a_move_and_nothing_else(tmp_path: Path) ->
     make_gid_tree(sysfs, "mlx5_0", roce_entries("r0", "10.10.0.5"))
     got: queue.SimpleQueue[Work] = queue.SimpleQueue()
     watcher = GidSlotWatcher(sysfs, got.put, interval=0.02)
-    watcher.watch([("mlx5_0", 1, 3)])
+    watcher.retarget([("mlx5_0", 1, 3)])
     watcher.start()
     try:
         looked = watcher.turns
