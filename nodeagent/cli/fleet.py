@@ -32,7 +32,9 @@ from nodeagent.cli.mesh import (
 )
 from nodeagent.config import parse_duration
 from nodeagent.io.files import one_line, printable
-from nodeagent.kube.fields import obj, quantity, text, timestamp
+from nodeagent.kube.fields import text, timestamp
+from nodeagent.kube.nodeview import read_node
+from nodeagent.kube.peercard import read_lease
 from nodeagent.model import FABRIC_READY, FW_VERSION, HCA_TYPE
 
 # `-o wide`: a column for every registered condition but FabricReady (the FABRIC column).
@@ -61,10 +63,6 @@ _SHOWN = frozenset(c.type for c in CONDITIONS)
 DEFAULT_STALE = 180.0  # seconds, for a Lease that states no duration (the agent's default)
 
 
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
                resource: str, taint_key: str, now: float, stale_after: float | None,
                taint_older: float) -> list[FleetRow]:
@@ -73,38 +71,29 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
     or by default past its own Lease's duration (what it promised when it renewed)."""
     renewed = {}
     holds: dict[str, float] = {}
-    for lease in leases:
-        name = text(obj(obj(lease).get("metadata")).get("name"))
-        if name.startswith("nodeagent-"):
-            spec = obj(obj(lease).get("spec"))
-            renewed[name[len("nodeagent-"):]] = timestamp(text(spec.get("renewTime")))
-            duration = spec.get("leaseDurationSeconds")
-            if isinstance(duration, int) and not isinstance(duration, bool) and duration > 0:
-                holds[name[len("nodeagent-"):]] = float(duration)
+    for lease in filter(None, map(read_lease, leases)):
+        renewed[lease.node] = lease.renewed
+        if lease.duration is not None:
+            holds[lease.node] = lease.duration
     rows = []
     firmware: dict[str, tuple[str, str]] = {}  # node -> (HCA type, firmware) from labels
     cells = mesh_cells(leases)
     counts, suspect = peer_counts(cells), suspects(cells)
-    for raw in nodes:
-        node = obj(raw)
-        name = text(obj(node.get("metadata")).get("name"))
-        status = obj(node.get("status"))
-        conds = {text(c.get("type")): c for c in map(obj, _list(status.get("conditions")))}
-        fabric = conds.get(FABRIC_READY, {})
-        taint = next((t for t in map(obj, _list(obj(node.get("spec")).get("taints")))
-                      if t.get("key") == taint_key), None)
-        since = text(fabric.get("lastTransitionTime"))
+    for node in map(read_node, nodes):
+        name = node.name
+        fabric = node.condition(FABRIC_READY)
+        taint = node.taint(taint_key)
+        since = fabric.last_transition if fabric else ""
         renew = renewed.get(name)
         row = FleetRow(
-            node=name, fabric=text(fabric.get("status")) or "-",
-            reason=text(fabric.get("reason")),
-            conditions={t: {"status": text(c.get("status")), "reason": text(c.get("reason")),
-                            "message": text(c.get("message"))}
-                        for t, c in conds.items() if t in _SHOWN},
+            node=name, fabric=(fabric.status if fabric else "") or "-",
+            reason=fabric.reason if fabric else "",
+            conditions={c.type: {"status": c.status, "reason": c.reason, "message": c.message}
+                        for c in node.conditions if c.type in _SHOWN},
             tainted=taint is not None, taint_reason=text((taint or {}).get("value")),
             since=since, heartbeat_age=None if renew is None else max(0.0, now - renew),
-            capacity=quantity(obj(status.get("capacity")).get(resource)),
-            allocatable=quantity(obj(status.get("allocatable")).get(resource)))
+            capacity=node.capacity.get(resource, 0),
+            allocatable=node.allocatable.get(resource, 0))
         limit = stale_after if stale_after is not None else holds.get(name, DEFAULT_STALE)
         if row.heartbeat_age is None or row.heartbeat_age > limit:
             row.flags.append("agent-stale" if renew is not None else "no-agent")
@@ -117,8 +106,7 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
         if row.tainted and changed is not None and now - changed > taint_older:
             row.flags.append("taint-old")
         rows.append(row)
-        labels = obj(obj(node.get("metadata")).get("labels"))
-        firmware[row.node] = (text(labels.get(HCA_TYPE)), text(labels.get(FW_VERSION)))
+        firmware[row.node] = (node.labels.get(HCA_TYPE, ""), node.labels.get(FW_VERSION, ""))
     for row in rows:
         if firmware_minority(firmware, row.node):
             row.flags.append("fw-minority")

@@ -26,7 +26,8 @@ from typing import Any
 from nodeagent.checks.preflight import PreflightFacts, judge_preflight
 from nodeagent.config import parse_duration
 from nodeagent.io.files import printable
-from nodeagent.kube.fields import obj, text
+from nodeagent.kube.fields import items, obj, text
+from nodeagent.kube.nodeview import read_node
 from nodeagent.model import FABRIC_READY, NodeRail, NodeVerdict, Unfit
 
 TERMINATION_MAX = 4096  # the kubelet keeps this much of a termination message
@@ -116,8 +117,8 @@ def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
     rails = tuple(NodeRail(text(r.get("name")), text(r.get("address")) or None,
                            text(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
                            _int(r.get("gid_index_pinned")))
-                  for r in data.get("rails", [])[:64] if isinstance(r, dict))
-    lustre = tuple(text(m.get("mountpoint")) for m in (data.get("lustre") or [])[:64]
+                  for r in items(data.get("rails"))[:64] if isinstance(r, dict))
+    lustre = tuple(text(m.get("mountpoint")) for m in items(data.get("lustre"))[:64]
                    if isinstance(m, dict) and text(m.get("mountpoint")))
     fabric = next((c for c in data["conditions"] if c["type"] == FABRIC_READY), None)
     if view.problem is not None:
@@ -141,14 +142,11 @@ def verdict_from_api(node: str) -> NodeVerdict:
         got = call(incluster_client(10.0), Counters(), "GET", f"/api/v1/nodes/{node}")
     except Exception as exc:  # not in a pod, 403, API down: one line, fail closed
         return NodeVerdict(node, problem=f"reading Node {node}: {api_error_text(exc)}")
-    conditions = (got.get("status") or {}).get("conditions") or []
-    fabric = next((c for c in conditions if isinstance(c, dict)
-                   and c.get("type") == FABRIC_READY), None)
+    fabric = read_node(got).condition(FABRIC_READY)
     if fabric is None:
         return NodeVerdict(node, problem=f"Node {node} has no FabricReady condition (no "
                            "nodeagent on it?)")
-    return NodeVerdict(node, fabric.get("status") == "True", text(fabric.get("reason")),
-                       text(fabric.get("message"))[:500])
+    return NodeVerdict(node, fabric.status == "True", fabric.reason, fabric.message[:500])
 
 
 def statfs_all(paths: list[str], procfs: Path, timeout: float) -> dict[str, str | None]:

@@ -12,6 +12,11 @@ def obj(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def items(value: Any) -> list[Any]:
+    """A JSON array from someone else's data, or [] when it is anything else."""
+    return value if isinstance(value, list) else []
+
+
 def text(value: Any) -> str:
     """A JSON string from someone else's data, or '' when it is anything else."""
     return value if isinstance(value, str) else ""

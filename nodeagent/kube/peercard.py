@@ -21,9 +21,10 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.kube.fields import obj, timestamp
+from nodeagent.kube.fields import obj, text, timestamp
 from nodeagent.model import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats, RailStatus
 
 RING = "ring.nodeagent.io/p"
@@ -118,16 +119,41 @@ def lease_node(lease: Any) -> str | None:
     return node if _NAME.fullmatch(node) else None
 
 
+@dataclass(frozen=True)
+class AgentLease:
+    """An agent's Lease, typed: whose it is, when it was renewed and for how long (what
+    `fleet` shows as the heartbeat, and discovery needs to skip a gone agent)."""
+
+    node: str
+    renewed: float | None  # Unix seconds; None when absent or not a time
+    duration: float | None  # seconds it promised; None when absent or not positive
+
+    def live(self, now: float) -> bool:
+        return (self.renewed is not None and self.duration is not None
+                and now <= self.renewed + self.duration)
+
+
+def lease_name(node: str) -> str:
+    return f"{LEASE_PREFIX}{node}"
+
+
+def read_lease(lease: Any) -> AgentLease | None:
+    """An agent's Lease, or None for any other Lease."""
+    node = lease_node(lease)
+    if node is None:
+        return None
+    spec = obj(obj(lease).get("spec"))
+    hold = spec.get("leaseDurationSeconds")
+    duration = float(hold) if isinstance(hold, int) and not isinstance(hold, bool) else 0.0
+    return AgentLease(node, timestamp(text(spec.get("renewTime"))),
+                      duration if duration > 0 else None)
+
+
 def lease_live(lease: Any, now: float) -> bool:
     """Whether the agent renewed its Lease within the duration it promised (a gone agent's
     card stays behind: probing it would only say PeerNotResponding)."""
-    spec = obj(obj(lease).get("spec"))
-    renewed = timestamp(spec.get("renewTime") if isinstance(spec.get("renewTime"), str)
-                        else None)
-    hold = spec.get("leaseDurationSeconds")
-    if renewed is None or not isinstance(hold, int) or isinstance(hold, bool) or hold <= 0:
-        return False
-    return now <= renewed + hold
+    agent = read_lease(lease)
+    return agent is not None and agent.live(now)
 
 
 def parse_card(lease: Any) -> PeerCard | None:

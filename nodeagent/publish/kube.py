@@ -24,6 +24,8 @@ from tenacity import (
 
 from nodeagent.config import Kubernetes
 from nodeagent.kube.api import Counters, call, is_conflict
+from nodeagent.kube.nodeview import read_node
+from nodeagent.kube.peercard import lease_name
 from nodeagent.publish.node import Changed, NodeChange, spec_changes
 
 log = logging.getLogger(__name__)
@@ -87,15 +89,14 @@ class NodeWriter:
                wait=wait_random_exponential(multiplier=0.02, max=1.0),
                stop=stop_after_attempt(12))
         def attempt() -> list[NodeChange]:
-            node = fresh.pop() if fresh else self.read_node()
-            meta = node.get("metadata", {})
+            node = read_node(fresh.pop() if fresh else self.read_node())
             taint = self.cfg.taint
             want = spec_changes(node, (taint.key, taint.effect) if taint else None,
                                 taint_value, self.cfg.cordon, cordon, reason, labels)
             if not want:
                 return []
             taints, cordon_change, relabel = want.taints, want.cordon, want.labels
-            body: dict[str, Any] = {"metadata": {"resourceVersion": meta["resourceVersion"]}}
+            body: dict[str, Any] = {"metadata": {"resourceVersion": node.resource_version}}
             changed: list[NodeChange] = []
             if relabel:
                 body["metadata"]["labels"] = relabel
@@ -152,7 +153,7 @@ class NodeWriter:
         """The heartbeat: one write per period (a read only after a conflict or at start).
         With a peers section the Lease also carries the agent's peer card and its probes'
         verdicts (kube/peercard.py)."""
-        name = f"nodeagent-{self.node}"
+        name = lease_name(self.node)
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.cfg.lease_namespace}/leases"
         now = time.time()
         spec = {

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.kube.nodeview import NodeCondition, NodeView
 from nodeagent.model import (
     FABRIC_READY,
     FINGERPRINT_LABELS,
@@ -65,7 +66,7 @@ _OURS = frozenset(ConditionType)
 
 
 def condition_updates(
-    existing: Sequence[Mapping[str, Any]], findings: Iterable[Finding], now: float,
+    existing: Sequence[NodeCondition], findings: Iterable[Finding], now: float,
     since: Mapping[str, float] | None = None, every: bool = False,
 ) -> list[dict[str, Any]]:
     """The findings' conditions that differ from the Node's; [] when nothing changed (with
@@ -78,20 +79,17 @@ def condition_updates(
     Node does not show yet takes its transition time from `since` (when the agent saw the
     status begin: the status file and the metrics say the same), else `now`.
     """
-    current = {c.get("type"): c for c in existing}
+    current = {c.type: c for c in existing}
     out: list[dict[str, Any]] = []
     for f in findings:
         if f.type not in _OURS:
             continue
         old = current.get(f.type)
-        if not every and old is not None and (
-                old.get("status"), old.get("reason"), old.get("message")) == (
+        if not every and old is not None and (old.status, old.reason, old.message) == (
                 f.status, f.reason, f.message):
             continue
-        kept = (
-            None if old is None or old.get("status") != f.status else old.get("lastTransitionTime")
-        )
-        transition = str(kept) if kept else rfc3339((since or {}).get(f.type, now))
+        kept = None if old is None or old.status != f.status else old.last_transition
+        transition = kept or rfc3339((since or {}).get(f.type, now))
         out.append(
             {
                 "type": f.type,
@@ -211,21 +209,18 @@ class SpecChanges:
         return self.taints is not None or self.cordon is not None or bool(self.labels)
 
 
-def spec_changes(node: Mapping[str, Any], taint: tuple[str, str] | None,
+def spec_changes(node: NodeView, taint: tuple[str, str] | None,
                  taint_value: str | None,
                  manage_cordon: bool, want_cordon: bool, reason: str,
                  labels: Mapping[str, str] | None) -> SpecChanges:
     """Our taint, cordon and fingerprint labels against the Node as read. Pure; shared by
     the writer (what to patch) and the watch (whether someone moved the Node off them)."""
-    spec = node.get("spec") or {}
-    meta = node.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
     cordon = None
-    if manage_cordon or CORDON_ANNOTATION in annotations:
-        cordon = cordon_patch(bool(spec.get("unschedulable")), annotations,
+    if manage_cordon or CORDON_ANNOTATION in node.annotations:
+        cordon = cordon_patch(node.unschedulable, node.annotations,
                               manage_cordon and want_cordon, reason)
-    relabel = (label_patch(meta.get("labels") or {}, FINGERPRINT_LABELS, labels)
+    relabel = (label_patch(node.labels, FINGERPRINT_LABELS, labels)
                if labels is not None else {})
-    taints = (desired_taints(spec.get("taints") or [], *taint, taint_value)
+    taints = (desired_taints(node.taints, *taint, taint_value)
               if taint is not None else None)  # conditions only: no taint is ours
     return SpecChanges(taints, cordon, relabel)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import Kubernetes
 from nodeagent.kube.backoff import Backoff
+from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
 from nodeagent.model import FABRIC_READY, Finding, Status
 from nodeagent.publish.node import (
@@ -244,27 +245,26 @@ class Publisher(threading.Thread):
         cordon, conditions or labels (never the echo of the agent's own write)."""
         writer = self.writer
         assert writer is not None
-        meta = node.get("metadata") or {}
-        if meta.get("resourceVersion") in writer.own_versions:
+        view = read_node(node)
+        if view.resource_version in writer.own_versions:
             return False
         value = taint_value(self.gate.reason) if tainted else None
         taint = self.cfg.taint
-        if spec_changes(node, (taint.key, taint.effect) if taint else None, value,
+        if spec_changes(view, (taint.key, taint.effect) if taint else None, value,
                         self.cfg.cordon, tainted, self.gate.reason, report.labels):
             return True
-        conditions = (node.get("status") or {}).get("conditions") or []
-        return bool(condition_updates(conditions, report.findings, time.time(), report.since))
+        return bool(condition_updates(view.conditions, report.findings, time.time(),
+                                      report.since))
 
     def _sync_node(self, report: Status, tainted: bool,
                    node: dict[str, Any] | None = None) -> None:
         writer = self.writer
         assert writer is not None
         node = node if node is not None else writer.read_node()
-        uid = node.get("metadata", {}).get("uid")
-        existing = node.get("status", {}).get("conditions") or []
+        view = read_node(node)
+        uid, existing = view.uid or None, view.conditions
         if not self._written.conditions:  # a restart: what the Node already says is not news
-            self._written.conditions = {c["type"]: (c.get("status", ""), c.get("reason", ""))
-                               for c in existing if "type" in c}
+            self._written.conditions = {c.type: (c.status, c.reason) for c in existing}
         # The taint first: it is what keeps pods off, and the Node just read is still
         # current for its resourceVersion precondition (a status patch first would make it
         # stale: a 409, a backoff and a GET on every change). Then conditions, then Events.

@@ -6,6 +6,7 @@ between two kernels in tests/lab/test_peers.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -349,3 +350,18 @@ def test_a_barrier_port_already_taken_is_one_line_not_a_traceback() -> None:
     assert [u.line() for u in problems] == [
         f"gang: cannot serve the barrier on 127.0.0.1:{port}: address already in use "
         "(another gang's preflight on this node? give each job its own --gang-port)"]
+
+
+@pytest.mark.parametrize("field", ["rails", "lustre"])
+@pytest.mark.parametrize("value", [7, None, {"name": "rail0"}, "rail0"])
+def test_a_status_file_whose_lists_are_not_lists_is_read_not_a_traceback(
+        tmp_path: Path, field: str, value: object) -> None:
+    """status.json with `rails` or `lustre` an int, null, a mapping or a string raised
+    TypeError in preflight (`nodeagent status` read the same file)."""
+    doc = {"node": "gpu-05", "ok": True, "actions": [], "errors": [],
+           "conditions": [{"type": "FabricReady", "status": "True",
+                           "reason": "AllConditionsPassed", "message": "ok"}],
+           "daemon": {"updated_at": time.time(), "resync_interval": 30}, field: value}
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    got = verdict_from_status(tmp_path)
+    assert got.node == "gpu-05" and got.rails == () and got.lustre == ()

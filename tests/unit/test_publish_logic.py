@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
+from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.objects import parse_daemonset
 from nodeagent.kube.objects import parse_tolerations as T
 from nodeagent.model import Finding
@@ -70,11 +71,11 @@ def test_taint_value_is_label_safe() -> None:
 
 
 def test_condition_updates_only_what_changed_and_keeps_transition_times() -> None:
-    existing = [
+    existing = read_node({"status": {"conditions": [
         {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ok"},
         {"type": "RoCENetworkReady", "status": "True", "reason": "RailsConfigured",
          "message": "2 rails", "lastTransitionTime": "2026-01-01T00:00:00Z"},
-    ]
+    ]}}).conditions
     same = Finding("RoCENetworkReady", "True", "RailsConfigured", "2 rails")
     assert condition_updates(existing, [same], 1000.0) == []
     reworded = Finding("RoCENetworkReady", "True", "RailsConfigured", "3 rails")
