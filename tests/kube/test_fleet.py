@@ -120,8 +120,8 @@ def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], t
                  "fabric=true", "-o", "wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NODE", "FABRIC", "REASON", "NET", "GID", "PLUGIN", "LUSTRE",
-                                "TRAFFIC", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS",
-                                "FLAGS"]
+                                "TRAFFIC", "HW", "CUSTOM", "TRANSPORT", "REACH", "TAINT",
+                                "SINCE", "HEARTBEAT", "RDMA", "PEERS", "FLAGS"]
     flagged = [line.split()[0] for line in lines[1:5]]
     assert sorted(flagged) == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
     row1 = next(line for line in lines if line.startswith("fleet-1 "))
