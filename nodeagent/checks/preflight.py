@@ -1,6 +1,6 @@
 """Whether a training pod may start on this node: its own view of the fabric against what
 the node's agent knows. Pure: facts in, one Unfit per problem out, each saying what to
-change. (The gang's RoCE probe is run/gang.py; its problems join these.)
+change. (The gang's RoCE probe is cli/gang.py; its problems join these.)
 
 The environment checks follow NCCL's own reading of its variables (src/transport/net_ib
 and src/misc/param): `NCCL_IB_DISABLE` an integer, non-zero disables the IB/RoCE

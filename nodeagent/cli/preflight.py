@@ -8,7 +8,7 @@ nodes open); the node's agent says FabricReady=True (its status file, mounted re
 from the host: the default, no API request per pod; or the Node through the API with the
 pod's own token); the Lustre mounts the job needs answer a bounded statfs (in a child
 process: a hung mount never hangs the init container); NCCL's environment does not turn
-the fabric off or point it elsewhere; and with `--peers`, the gang (run/gang.py): all pods
+the fabric off or point it elsewhere; and with `--peers`, the gang (cli/gang.py): all pods
 at a barrier, then each rail's RoCE probe of the next pod.
 """
 
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
                                                         args.statfs_timeout), args.resource)
     problems = judge_preflight(facts)
     if len(peers) > 1:
-        from nodeagent.run.gang import GangCard, run_gang
+        from nodeagent.cli.gang import GangCard, run_gang
 
         card = GangCard(args.index, verdict.node or os.uname().nodename, verdict.rails)
         _, gang = run_gang(card, peers, args.gang_port, args.probe_port,

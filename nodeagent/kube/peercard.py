@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.io.files import parse_json_state
 from nodeagent.kube.fields import obj, text, timestamp
 from nodeagent.model import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats, RailStatus
 
@@ -104,8 +105,8 @@ def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus]) -> tuple[
 def _json(text: Any) -> Mapping[str, Any]:
     if not isinstance(text, str) or len(text) > MAX_ANNOTATION:
         return {}
-    try:
-        return obj(json.loads(text))
+    try:  # the strict reader: a nested annotation is bad content, not a RecursionError
+        return obj(parse_json_state(text))
     except ValueError:
         return {}
 

@@ -28,7 +28,7 @@ from urllib.parse import urlencode, urljoin, urlsplit
 
 import urllib3
 
-from nodeagent.io.files import one_line
+from nodeagent.io.files import one_line, parse_json_state
 from nodeagent.io.http import TRACKED_POOLS, BodyTooLarge, DeadlineExceeded, read_body
 from nodeagent.io.http import deadline as http_deadline
 from nodeagent.model import ImagePlatforms, Platform
@@ -248,8 +248,8 @@ class RegistryClient:
 
     @staticmethod
     def _json(data: bytes, what: str) -> dict[str, Any]:
-        try:
-            body = json.loads(data)
+        try:  # strict: nesting that exhausts the parser is "not JSON" too
+            body = parse_json_state(data.decode("utf-8"))
         except ValueError as exc:
             raise RegistryError(f"{what} is not JSON") from exc
         if not isinstance(body, dict):

@@ -106,6 +106,9 @@ def test_no_card_without_kubernetes_or_peers() -> None:
     '{"port": 18600, "rails": {"bad name!": "10.10.0.6/24"}}',
     '{"port": 18600, "rails": []}', '{"port": 18600, "rails": {"rail0": 7}}',
     json.dumps({"port": 18600, "rails": {"rail0": "10.10.0.6/24"}, "x": "y" * 70_000}),
+    # Nested 20,000 deep in 40 KiB: json.loads raised RecursionError (not a ValueError),
+    # a traceback in fleet and a discovery that failed every round.
+    "[" * 20_000 + "]" * 20_000, '{"port": 18600, "rails": ' + "[" * 20_000,
 ])
 def test_a_card_that_does_not_parse_is_no_card(annotation: str | None) -> None:
     lease = {"metadata": {"name": "nodeagent-gpu-06",

@@ -23,10 +23,10 @@ from nodeagent.checks.preflight import (
     hca_selects,
     judge_preflight,
 )
+from nodeagent.cli.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
 from nodeagent.cli.preflight import peer_names, report, verdict_from_status
 from nodeagent.model import NodeRail, NodeVerdict, VerbsDevice
 from nodeagent.probes.container import read_verbs_devices
-from nodeagent.run.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
 from tests.kit.helpers import free_port, wait_for
 
 RAILS = (NodeRail("rail0", "10.10.0.5", "mlx5_0", 1, 3),
@@ -184,7 +184,7 @@ def test_a_card_reads_back_and_garbage_is_named() -> None:
                         (b'{"index":1,"node":"x","rails":[{"name":"r","address":"10.x"}]}',
                          "address"), (b"x" * (CARD_MAX + 1), "more than 4096 bytes")):
         with pytest.raises(ValueError, match=words):
-            from nodeagent.run.gang import parse_card
+            from nodeagent.cli.gang import parse_card
 
             parse_card(data)
 
@@ -316,9 +316,11 @@ def test_a_pod_stays_until_the_previous_one_has_seen_it_ready() -> None:
 
 @pytest.mark.parametrize("data", [b"", b"\n", b"{}", b"null", b'{"index": true, "node": "x", '
                                   b'"rails": []}', b'{"index": 1, "node": 7, "rails": []}',
-                                  b'{"index": 1, "node": "x", "rails": [7]}'])
+                                  b'{"index": 1, "node": "x", "rails": [7]}',
+                                  # 4 KiB of nesting: RecursionError, a preflight traceback
+                                  b"[" * 2000 + b"]" * 2000])
 def test_a_peer_card_of_any_other_shape_is_refused_in_words(data: bytes) -> None:
-    from nodeagent.run.gang import parse_card
+    from nodeagent.cli.gang import parse_card
 
     with pytest.raises(ValueError, match="not a card"):
         parse_card(data)
@@ -328,7 +330,7 @@ def test_any_bytes_at_the_barrier_are_a_card_or_a_value_error() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from nodeagent.run.gang import parse_card
+    from nodeagent.cli.gang import parse_card
 
     @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
     @settings(max_examples=300, deadline=None)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from nodeagent.io.files import one_line
+from nodeagent.io.files import one_line, parse_json_state
 from nodeagent.model import NodeRail, PeerOutcome, RailEndpoint, Unfit
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.run.responder import Responder, Served
@@ -54,9 +54,9 @@ def parse_card(data: bytes) -> GangCard:
     """A peer's card; ValueError naming what is wrong."""
     if len(data) > CARD_MAX:
         raise ValueError(f"more than {CARD_MAX} bytes")
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    try:  # the strict reader: nesting that exhausts the parser is bad content too
+        doc = parse_json_state(data.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError too
         raise ValueError(f"not a card: {data[:40]!r}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("index"), int) \
             or isinstance(doc.get("index"), bool) or not isinstance(doc.get("node"), str) \
