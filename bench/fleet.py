@@ -15,12 +15,10 @@ from pathlib import Path
 
 from common import summary
 
+from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.cli.fleet import FleetSource, fleet_rows, render
 from nodeagent.kube.api import Counters, call
 from tests.kit.apiserver import ApiServer, start_apiserver
-
-CONDITIONS = ("RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
-              "FabricReady")
 
 
 def populate(server: ApiServer, n: int) -> None:
@@ -39,7 +37,7 @@ def populate(server: ApiServer, n: int) -> None:
             "conditions": [{"type": t, "status": "True", "reason": "Fine",
                             "message": "all rails configured and pinned",
                             "lastTransitionTime": stamp, "lastHeartbeatTime": stamp}
-                           for t in CONDITIONS]}}, "application/merge-patch+json")
+                           for t in CONDITION_TYPES]}}, "application/merge-patch+json")
         call(admin, c, "POST", "/apis/coordination.k8s.io/v1/namespaces/nodeagent-system/leases",
              {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
               "metadata": {"name": f"nodeagent-{name}"},

@@ -13,11 +13,17 @@ import urllib.request
 
 from common import summary
 
-from nodeagent.model import Finding, LustreProbeStatus, RailCounters, RailStatus, Report, Status
+from nodeagent.checks.conditions import CONDITION_TYPES
+from nodeagent.model import (
+    Finding,
+    LustreProbeStatus,
+    PublisherState,
+    RailCounters,
+    RailStatus,
+    Report,
+    Status,
+)
 from nodeagent.publish.metrics import AgentMetrics, serve
-
-CONDITIONS = ("RoCENetworkReady", "RoCEGIDStable", "RDMADevicePluginReady", "LustreReady",
-              "FabricReady", "FabricTrafficOnRDMA")
 
 
 def status(rails: int) -> Status:
@@ -25,15 +31,14 @@ def status(rails: int) -> Status:
                             rdma_tx_bytes=10**15, rdma_rx_bytes=10**15)
     report = Report(
         node="bench",
-        findings=[Finding(t, "True", "Fine", "ok") for t in CONDITIONS],
+        findings=[Finding(t, "True", "Fine", "ok") for t in CONDITION_TYPES],
         rails=[RailStatus(f"rail{i}", f"ens{i}f0", carrier=True, gid_index=3,
                           gid_index_pinned=3, counters=counters, carrier_losses_total=3,
                           carrier_losses_in_window=0) for i in range(rails)])
     return Status(
         report=report,
-        since={t: time.time() - 60 for t in CONDITIONS},
-        kubernetes={"requests": 1000, "writes": 900, "errors": 1, "conflicts": 2,
-                    "tainted": False},
+        since={t: time.time() - 60 for t in CONDITION_TYPES},
+        kubernetes=PublisherState(requests=1000, writes=900, errors=1, conflicts=2),
         lustre=tuple(LustreProbeStatus(f"/lustre/fs{i}", 0.004, False) for i in range(4)))
 
 

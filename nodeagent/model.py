@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -953,6 +953,24 @@ class DaemonState:
 
 
 @dataclass(frozen=True)
+class PublisherState:
+    """The Node writer's own view of its work: the status file's `kubernetes` section."""
+
+    synced: bool = False  # the Node says what the latest verdict says
+    last_error: str | None = None
+    tainted: bool = False
+    taint_reason: str = ""
+    requests: int = 0
+    writes: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    events_dropped: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Status:
     """The daemon's snapshot of one pass: what the status file, the metrics and the Node
     writer all consume. `since` is the one record of when each condition took its current
@@ -963,7 +981,7 @@ class Status:
     since: Mapping[str, float] = field(default_factory=dict)
     probe_seconds: Mapping[str, float] = field(default_factory=dict)
     lustre: tuple[LustreProbeStatus, ...] | None = None
-    kubernetes: Mapping[str, Any] | None = None  # the publisher's own view of its work
+    kubernetes: PublisherState | None = None  # the publisher's own view of its work
     daemon: DaemonState | None = None
     peer_card: PeerCard | None = None  # with peers and kubernetes: published on the Lease
 
@@ -992,7 +1010,7 @@ class Status:
                                "probe_seconds": round(p.probe_seconds, 6), "hung": p.hung}
                               for p in self.lustre]
         if self.kubernetes is not None:
-            data["kubernetes"] = dict(self.kubernetes)
+            data["kubernetes"] = self.kubernetes.as_dict()
         return data
 
 

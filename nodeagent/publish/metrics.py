@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
-from nodeagent.model import LustreProbeStatus, RailStatus, Status
+from nodeagent.model import LustreProbeStatus, PublisherState, RailStatus, Status
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -237,16 +237,17 @@ def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:
     yield from (rtt, loss, up, probes, bandwidth)
 
 
-def _kube(kube: Mapping[str, Any] | None) -> Iterable[Metric]:
-    if not kube:
+def _kube(kube: PublisherState | None) -> Iterable[Metric]:
+    if kube is None:
         return
-    for key, doc in (("requests", "Requests made to the API server."),
-                     ("writes", "Writes (non-GET requests) made to the API server."),
-                     ("errors", "API requests that failed (refused, timed out, non-2xx)."),
-                     ("conflicts", "API writes refused with 409 Conflict.")):
-        yield CounterMetricFamily(f"nodeagent_kube_{key}", doc, value=kube.get(key, 0))
+    for key, value, doc in (
+            ("requests", kube.requests, "Requests made to the API server."),
+            ("writes", kube.writes, "Writes (non-GET requests) made to the API server."),
+            ("errors", kube.errors, "API requests that failed (refused, timed out, non-2xx)."),
+            ("conflicts", kube.conflicts, "API writes refused with 409 Conflict.")):
+        yield CounterMetricFamily(f"nodeagent_kube_{key}", doc, value=value)
     yield GaugeMetricFamily("nodeagent_tainted", "1 while the agent keeps its taint on the "
-                            "Node.", value=1.0 if kube.get("tainted") else 0.0)
+                            "Node.", value=1.0 if kube.tainted else 0.0)
 
 
 def _lustre(mounts: Iterable[LustreProbeStatus]) -> Iterable[Metric]:

@@ -19,7 +19,7 @@ from nodeagent.config import Kubernetes
 from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
-from nodeagent.model import FABRIC_READY, Finding, Status
+from nodeagent.model import FABRIC_READY, Finding, PublisherState, Status
 from nodeagent.publish.node import (
     STARTING,
     Changed,
@@ -295,23 +295,20 @@ class Publisher(threading.Thread):
         self.state.tainted = tainted and self.cfg.taint is not None  # conditions only: never
         self.state.taint_reason = self.gate.reason
 
-    def status(self) -> dict[str, Any]:
-        counters = self.writer.counters if self.writer else None
-        return {
-            "synced": self.state.synced,
-            "last_error": self.state.last_error,
-            "tainted": self.state.tainted,
-            "taint_reason": self.state.taint_reason,
-            "requests": counters.requests if counters else 0,
-            "writes": counters.writes if counters else 0,
-            "conflicts": counters.conflicts if counters else 0,
-            "errors": counters.errors if counters else 0,
-            "events_dropped": counters.events_dropped if counters else 0,
-        }
+    def status(self) -> PublisherState:
+        state, counters = self.state, self.writer.counters if self.writer else None
+        return PublisherState(
+            synced=state.synced, last_error=state.last_error, tainted=state.tainted,
+            taint_reason=state.taint_reason,
+            requests=counters.requests if counters else 0,
+            writes=counters.writes if counters else 0,
+            conflicts=counters.conflicts if counters else 0,
+            errors=counters.errors if counters else 0,
+            events_dropped=counters.events_dropped if counters else 0)
 
 
-def _key(status: dict[str, Any]) -> tuple[Any, ...]:
-    return (status["synced"], status["last_error"], status["tainted"], status["taint_reason"])
+def _key(status: PublisherState) -> tuple[Any, ...]:
+    return (status.synced, status.last_error, status.tainted, status.taint_reason)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -103,7 +103,7 @@ def test_rendered_policies_enforce_the_configured_taint_or_none(
                  == "False", what="FabricReady=False published")
         wait_for(lambda: pub.state.synced and pub.state.taint_reason == "NoCarrier",
                  what="the failing pass synced: nothing it tried was refused")
-        assert pub.state.last_error is None and pub.status()["tainted"] is False
+        assert pub.state.last_error is None and pub.status().tainted is False
         assert node_json(core, "node-a")["spec"]["taints"] == before
         assert not node_json(core, "node-a")["spec"].get("unschedulable")
     finally:

@@ -414,11 +414,11 @@ def test_hardware_fingerprint_labels_follow_the_hardware(
     wait_for(lambda: all(node_labels().get(k) == v for k, v in labels.items()), what="labels")
     wait_for(lambda: our_taint(core, node) is None, what="the boot taint lifted")
     time.sleep(0.5)
-    writes = pub.status()["writes"]
+    writes = pub.status().writes
     for _ in range(3):
         pub.submit(report(node, labels=labels))
     time.sleep(1.0)
-    assert pub.status()["writes"] == writes, "an unchanged fingerprint writes nothing"
+    assert pub.status().writes == writes, "an unchanged fingerprint writes nothing"
     upgraded = {**labels, "nodeagent.io/rdma-fw-version": "28.40.1000"}
     del upgraded["nodeagent.io/rdma-driver"]
     pub.submit(report(node, labels=upgraded))
@@ -548,7 +548,7 @@ def test_heartbeat_refreshes_every_condition_without_a_change(
     wait_for(lambda: conditions(core, node).get("FabricReady"), what="the agent's conditions")
     wait_for(lambda: our_taint(core, node) is None, what="the boot taint lifted")
     time.sleep(0.5)  # its Event written too: steady state from here
-    first, writes = conditions(core, node), pub.status()["writes"]
+    first, writes = conditions(core, node), pub.status().writes
     later = wait_for(lambda: (c := conditions(core, node))["FabricReady"]["lastHeartbeatTime"]
                      != first["FabricReady"]["lastHeartbeatTime"] and c, timeout=10,
                      what="a heartbeat with nothing changed")
@@ -557,7 +557,7 @@ def test_heartbeat_refreshes_every_condition_without_a_change(
         assert later[ctype]["lastTransitionTime"] == first[ctype]["lastTransitionTime"]
         assert later[ctype]["status"] == first[ctype]["status"]
     time.sleep(0.5)
-    assert pub.status()["writes"] - writes <= 2, "one patch per heartbeat, nothing else"
+    assert pub.status().writes - writes <= 2, "one patch per heartbeat, nothing else"
 
 
 def test_a_boot_taint_without_a_value_is_removed_in_one_write(
