@@ -835,6 +835,18 @@ class LustreObservation:
 
 
 @dataclass(frozen=True)
+class RailTimeline:
+    """What only time shows of a rail (the daemon's flap trackers and repair guard): its
+    time-based verdict for RoCENetworkReady (LinkFlapping, ManagedElsewhere), if any, and
+    its figures for the status file and the metrics."""
+
+    verdict: tuple[str, str] | None = None  # (reason, message)
+    repairs: Mapping[str, int] = field(default_factory=dict)  # action kind -> count
+    carrier_losses_total: int | None = None
+    carrier_losses_in_window: int | None = None
+
+
+@dataclass(frozen=True)
 class RailStatus:
     """One rail as the status file, the metrics and `status --json` show it."""
 

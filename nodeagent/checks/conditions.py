@@ -218,6 +218,7 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
     for rail in cfg.rails:
         obs = facts.observations.get(rail.name)
         learned = facts.pins.get(rail.name)
+        timeline = facts.timelines.get(rail.name)
         pin = rail.gid_index if rail.gid_index is not None else (
             learned.index if learned is not None else None)
         link = obs.link if obs else None
@@ -231,6 +232,9 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             rdma_port=rail.rdma_port if rail.rdma_device else (
                 learned.port if learned else None),
             counters=facts.counters.get(rail.name), port=facts.ports.get(rail.name),
+            repairs_total=timeline.repairs if timeline else None,
+            carrier_losses_total=timeline.carrier_losses_total if timeline else None,
+            carrier_losses_in_window=timeline.carrier_losses_in_window if timeline else None,
             transport=transport.results.get(rail.name) if transport else None,
             peers=peers.get(rail.name) if cfg.peers is not None else None))
     return rails

@@ -36,6 +36,7 @@ from nodeagent.model import (
     QueuePairs,
     RailCounters,
     RailObservation,
+    RailTimeline,
     TransportResult,
 )
 
@@ -114,8 +115,8 @@ class Facts:
     # rail -> the RDMA device and port its GIDs were last seen on (still there or not)
     rail_seen: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     observations: Mapping[str, RailObservation] = field(default_factory=dict)
-    # The daemon's time-based verdicts per rail (LinkFlapping, ManagedElsewhere).
-    overrides: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # What only time shows of each rail (the daemon's; a one-shot command has none).
+    timelines: Mapping[str, RailTimeline] = field(default_factory=dict)
     pins: Mapping[str, Pin] = field(default_factory=dict)  # learned (config pins aside)
     counters: Mapping[str, RailCounters] = field(default_factory=dict)
     traffic: TrafficTracker = field(default_factory=TrafficTracker)
@@ -126,6 +127,11 @@ class Facts:
     # What `derive` computed from these facts, once each (not part of the facts).
     _derived: dict[Callable[..., Any], Any] = field(default_factory=dict, compare=False,
                                                     repr=False)
+
+    @property
+    def overrides(self) -> dict[str, tuple[str, str]]:
+        """The time-based verdicts per rail (LinkFlapping, ManagedElsewhere)."""
+        return {r: t.verdict for r, t in self.timelines.items() if t.verdict is not None}
 
     @property
     def gid_source(self) -> str:

@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import FrameType
 
@@ -21,7 +21,6 @@ from pyroute2.iproute import IPRoute
 
 from nodeagent.checks.facts import LustreSeen
 from nodeagent.config import Config
-from nodeagent.io.files import descriptor_faults
 from nodeagent.io.signals import take_hup
 from nodeagent.io.systemd import CONDITION, REASON, Notifier
 from nodeagent.model import (
@@ -30,13 +29,12 @@ from nodeagent.model import (
     EventKind,
     KernelEvent,
     LustreProbeStatus,
-    RailObservation,
     Report,
     Status,
 )
 from nodeagent.publish.status import DaemonLock, write_status
 from nodeagent.run.discovery import own_card
-from nodeagent.run.evaluate import Evaluator, PassPolicy, Repairs, fabric_pass
+from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
 from nodeagent.run.rails import RailHistory, RailIndex
 from nodeagent.run.reload import ConfigReloader
 from nodeagent.run.sources import Sources
@@ -65,30 +63,6 @@ def summary(report: Report) -> str:
     if fabric is None or fabric.ok:
         return f"fabric ready: {rails} rail(s), every condition True"
     return f"FABRIC NOT READY ({fabric.reason}): {fabric.message}"[:200]
-
-
-class DaemonPolicy(PassPolicy):
-    """The daemon's part in the one pass: its repair guard, pauses and flap trackers."""
-
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-
-    def paused(self) -> dict[str, str]:
-        return self.agent.overrides()[0]
-
-    def repaired(self, repairs: Repairs, ours: bool) -> None:
-        # A re-pin undoes the agent's own doing, not a fight with another manager: it is
-        # kept out of the repair guard.
-        self.agent.count_repairs(repairs, guard=not ours)
-
-    def observed(self, observations: Mapping[str, RailObservation]) -> None:
-        self.agent.history.observed(self.agent.clock(), observations)
-
-    def overrides(self) -> dict[str, tuple[str, str]]:
-        return self.agent.overrides()[1]
-
-    def interrupt(self) -> None:
-        self.agent.take_urgent()
 
 
 @dataclass
@@ -137,12 +111,12 @@ class Agent:
         self.work = Inbox()
         self._early = Repairs()  # repairs take_urgent made, for the next pass to report
         self._stopping = False
-        self.store = FactStore()  # one for the daemon's life, across reloads
+        # One for the daemon's life, across reloads: the facts, and the rails' history.
+        self.store = FactStore(history=RailHistory(cfg))
         self.evaluator: Evaluator | None = None  # made in run(), once netlink is open
         self.notifier = Notifier()
         self.reloader = ConfigReloader(reload, self.work.put)
         self.sources = Sources(self.work.put)
-        self.history = RailHistory(cfg)
         self.index = RailIndex(cfg)
         self.record = PassRecord()
 
@@ -155,7 +129,7 @@ class Agent:
             self.store.keep_rails(cfg.rails, self.evaluator.cfg.rails)
             self.evaluator = evaluator
         self.cfg = cfg
-        self.history.retune(cfg)
+        self.history.retune(cfg)  # a reload never hides a flap or restarts a fight
         self.index = RailIndex(cfg)
         self.sources.reconfigure(cfg)
 
@@ -196,8 +170,10 @@ class Agent:
 
     # ------------------------------------------------------------ passes
 
-    def overrides(self) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
-        return self.history.overrides(self.clock())
+    @property
+    def history(self) -> RailHistory:
+        assert self.store.history is not None
+        return self.store.history
 
     def next_verdict_change(self) -> float | None:
         """The next time a time-based verdict may change with no event at all (a shifted
@@ -223,10 +199,8 @@ class Agent:
         gone = event.deletion
         if gone is None or self.evaluator is None:
             return
-        paused, _ = self.overrides()
-        done = self.evaluator.repair_deletion(gone, rails, skip_repair=paused)
+        done = self.evaluator.repair_deletion(gone, rails)
         if done.done or done.errors:
-            self.count_repairs(done)
             early.merge(done)
 
     def take_urgent(self) -> None:
@@ -244,16 +218,7 @@ class Agent:
 
     def run_pass(self, rails: set[str] | None, early: Repairs | None = None) -> Report:
         assert self.evaluator is not None
-        faults = descriptor_faults()
         report = self._pass(self.evaluator, rails, early or Repairs())
-        last = self.record.last_report
-        if descriptor_faults() != faults and last is not None:
-            # Out of descriptors: reads failed for the agent's sake, not the fabric's. The
-            # repairs of this pass stand; its verdict does not replace the last one.
-            log.error("out of file descriptors during a pass: keeping the last verdict")
-            report.findings = list(last.findings)
-            report.errors.append("agent fault: out of file descriptors (EMFILE); the "
-                                 "conditions are those of the last complete pass")
         self.record.last_report = report
         self.sources.aim(self.evaluator.aim())
         self.take_urgent()
@@ -264,7 +229,7 @@ class Agent:
         started = time.perf_counter()
         evaluator.timings.clear()
         report, repairs = fabric_pass(evaluator, rails, repair=True, early=early,
-                                      policy=DaemonPolicy(self))
+                                      interrupt=self.take_urgent)
         record = self.record
         record.passes += 1
         record.last_seconds = time.perf_counter() - started
@@ -276,26 +241,12 @@ class Agent:
                 [(n, a.kind.value) for n, acts in repairs.done.items() for a in acts])
         return report
 
-    def count_repairs(self, repairs: Repairs, guard: bool = True) -> None:
-        now = self.clock()
-        for name, actions in repairs.done.items():
-            rail = self.evaluator.rails.get(name) if self.evaluator is not None else None
-            self.history.count(now, name, rail.label if rail else name,
-                               [a.kind for a in actions], guard=guard)
-
     def snapshot(self, report: Report, state: str = "running") -> Status:
-        """The pass as everything downstream sees it: condition transition times, the
-        rails' history, probe times, the Lustre probes and the publisher's own view."""
-        record, history = self.record, self.history
+        """The pass (its report complete, the rails' history in it) as everything downstream
+        sees it, with the daemon's own state: condition transition times, probe times, the
+        Lustre probes, the publisher's view and the lock."""
+        record = self.record
         record.transitions(report)
-        now = self.clock()
-        rails = []
-        for rail in report.rails:
-            tracker = history.flaps.get(rail.name)
-            rails.append(replace(
-                rail, repairs_total=dict(history.repair_counts.get(rail.name, {})),
-                carrier_losses_total=tracker.total if tracker else None,
-                carrier_losses_in_window=tracker.in_window(now) if tracker else None))
         errors = report.errors
         if self.lock is not None and self.lock.problem:
             errors = [*errors, self.lock.problem]
@@ -303,7 +254,7 @@ class Agent:
         lustre = seen.observation if seen is not None else None
         publisher = self.sources.publisher
         return Status(
-            report=replace(report, rails=rails, errors=errors),
+            report=replace(report, errors=errors),
             since={t: at for t, (_, at) in record.since.items()},
             probe_seconds=dict(record.probe_seconds),
             lustre=None if lustre is None else tuple(

@@ -29,6 +29,7 @@ from nodeagent.checks.hardware import fingerprint_labels
 from nodeagent.checks.network import deletion_drift, rail_drift
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
+from nodeagent.io.files import descriptor_faults
 from nodeagent.io.systemd import RAIL
 from nodeagent.model import (
     GID_AFFECTING,
@@ -37,7 +38,6 @@ from nodeagent.model import (
     Pin,
     PortHealth,
     RailEndpoint,
-    RailObservation,
     Report,
     Targets,
 )
@@ -89,27 +89,11 @@ class Repairs:
         self.other.extend(other.other)
 
 
-class PassPolicy:
-    """What a caller adds to the one pass. A one-shot command adds nothing; the daemon
-    pauses rails it is fighting over (ManagedElsewhere), feeds its repair guard and flap
-    trackers, and carries their verdicts into RoCENetworkReady."""
+Hook = Callable[[], None]
 
-    def paused(self) -> Mapping[str, str]:
-        """Rails whose repairs are paused, with why."""
-        return {}
 
-    def repaired(self, repairs: Repairs, ours: bool) -> None:
-        """Repairs that ran; `ours` when they undo the agent's own doing (a re-pin)."""
-
-    def observed(self, observations: Mapping[str, RailObservation]) -> None:
-        """The rails as just probed (after this pass's repairs)."""
-
-    def overrides(self) -> Mapping[str, tuple[str, str]]:
-        """Time-based verdicts per rail: (reason, message)."""
-        return {}
-
-    def interrupt(self) -> None:
-        """Between the pass's stages: the daemon repairs what was deleted meanwhile."""
+def _nothing() -> None:
+    pass
 
 
 def fabric_pass(
@@ -119,49 +103,55 @@ def fabric_pass(
     repair: bool,
     dry_run: bool = False,
     early: Repairs | None = None,
-    policy: PassPolicy | None = None,
+    interrupt: Hook | None = None,
 ) -> tuple[Report, Repairs]:
     """The one pass `check`, `apply` and the daemon all run: probe the rails (default all;
-    an empty set probes none) -> repair their drift -> re-probe what was repaired -> refresh
-    the facts that are stale (GID table, counters, fingerprint) -> judge (pure) -> keep
-    learned pins -> re-pin a shifted GID that nothing uses -> re-observe -> judge again.
+    an empty set probes none) -> repair their drift (a rail the repair guard paused
+    excepted) -> re-probe what was repaired -> refresh the facts that are stale (GID table,
+    counters, fingerprint) -> judge (pure) -> keep learned pins -> re-pin a shifted GID
+    that nothing uses -> re-observe -> judge again.
 
     `early` holds what was repaired before the pass (from events, remounts): it is reported
-    with the rest. Returns the report and every repair it reports."""
-    policy = policy or PassPolicy()
-    evaluator.reads.while_waiting = policy.interrupt  # reads off-thread: the wait is idle
+    with the rest. `interrupt` is the pass's one call out: between its stages, and while it
+    waits on a read, the daemon repairs deletions that arrived meanwhile. The report is
+    complete when it returns (a pass that ran out of descriptors keeps the last complete
+    pass's conditions). Returns the report and every repair it reports."""
+    faults = descriptor_faults()
+    evaluator.reads.while_waiting = interrupt  # reads off-thread: the wait is idle
     try:
-        return _fabric_pass(evaluator, rails, repair, dry_run, early, policy)
+        report, repairs = _fabric_pass(evaluator, rails, repair, dry_run, early,
+                                       interrupt or _nothing)
     finally:
         evaluator.reads.while_waiting = None
+    evaluator.keep_verdict(report, faulted=descriptor_faults() != faults)
+    return report, repairs
 
 
 def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool,
                  dry_run: bool, early: Repairs | None,
-                 policy: PassPolicy) -> tuple[Report, Repairs]:
-    paused = policy.paused()
+                 interrupt: Hook) -> tuple[Report, Repairs]:
+    paused = evaluator.paused()
     probed = evaluator.probe_and_repair(rails, repair=repair, dry_run=dry_run,
-                                        skip_repair=paused, between=policy.interrupt)
+                                        skip_repair=paused, between=interrupt)
     if not dry_run:
-        policy.repaired(probed, ours=False)
-    policy.observed(evaluator.store.observations)
-    policy.interrupt()
+        evaluator.count(probed)
+    evaluator.observed()
+    interrupt()
     repairs = early if early is not None else Repairs()
     repairs.merge(probed)
-    overrides = policy.overrides()  # the guard and flap verdicts after this pass's repairs
     full = rails is None
     unreadable = evaluator.observe_facts(full=full)
-    policy.interrupt()
-    report = evaluator.judge(repairs, overrides, unreadable)
+    interrupt()
+    report = evaluator.judge(repairs, unreadable)
     evaluator.keep_learned_pins(report)
     if repair:
         repinned = evaluator.repin(dry_run=dry_run, skip_repair=paused)
         if repinned.done or repinned.errors:
-            if not dry_run:
-                policy.repaired(repinned, ours=True)
+            if not dry_run:  # a re-pin undoes the agent's own doing: not a fight
+                evaluator.count(repinned, guard=False)
             repairs.merge(repinned)
             unreadable = evaluator.observe_facts(full=full)
-            report = evaluator.judge(repairs, overrides, unreadable)
+            report = evaluator.judge(repairs, unreadable)
             evaluator.keep_learned_pins(report)
     return report, repairs
 
@@ -287,15 +277,16 @@ class Evaluator:
         if any(a.kind in GID_AFFECTING for acts in repairs.done.values() for a in acts):
             self.mark_gid_stale()  # the kernel follows a changed address with its GIDs
 
-    def repair_deletion(self, gone: Deletion, rails: Iterable[str],
-                        skip_repair: Mapping[str, str] | None = None) -> Repairs:
+    def repair_deletion(self, gone: Deletion, rails: Iterable[str]) -> Repairs:
         """Repair what one deletion event removed from the given rails, from the event alone
-        (no probe first): the rail's address, a route of its table, its rule. The pass that
-        follows probes and verifies the rail as usual."""
+        (no probe first): the rail's address, a route of its table, its rule; a rail the
+        repair guard paused excepted. Counted like any repair. The pass that follows probes
+        and verifies the rail as usual."""
         out = Repairs()
+        paused = self.paused()
         for name in rails:
             rail = self.rails.get(name)
-            if rail is None or (skip_repair and name in skip_repair) or not self.cfg.manages(rail):
+            if rail is None or name in paused or not self.cfg.manages(rail):
                 continue
             ifindex = self.ifindex(name)
             drift = deletion_drift(rail, ifindex, gone)
@@ -303,7 +294,45 @@ class Evaluator:
             if actions:
                 out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         self._after_repairs(out)
+        self.count(out)
         return out
+
+    # ------------------------------------------------------------ what only time shows
+    # The daemon's rail history (flap trackers, repair guard, repair counts) lives in the
+    # store; a one-shot command has none, so these do nothing there.
+
+    def paused(self) -> dict[str, str]:
+        """Rails whose repairs the guard paused (ManagedElsewhere), with why."""
+        history = self.store.history
+        return history.overrides(self.clock())[0] if history is not None else {}
+
+    def count(self, repairs: Repairs, guard: bool = True) -> None:
+        """Repairs that ran, counted (and, unless they undo the agent's own doing, fed to
+        the repair guard)."""
+        history = self.store.history
+        if history is None:
+            return
+        now = self.clock()
+        for name, actions in repairs.done.items():
+            rail = self.rails.get(name)
+            history.count(now, name, rail.label if rail else name,
+                          [a.kind for a in actions], guard=guard)
+
+    def observed(self) -> None:
+        """The rails as just probed, to the flap trackers."""
+        if self.store.history is not None:
+            self.store.history.observed(self.clock(), self.store.observations)
+
+    def keep_verdict(self, report: Report, faulted: bool) -> None:
+        """Out of descriptors during the pass: reads failed for the agent's sake, not the
+        fabric's. Its repairs stand; its verdict does not replace the last complete one."""
+        last = self.store.last_findings
+        if faulted and last is not None:
+            log.error("out of file descriptors during a pass: keeping the last verdict")
+            report.findings = list(last)
+            report.errors.append("agent fault: out of file descriptors (EMFILE); the "
+                                 "conditions are those of the last complete pass")
+        self.store.last_findings = tuple(report.findings)
 
     def repin(
         self, dry_run: bool = False, skip_repair: Mapping[str, str] | None = None,
@@ -431,31 +460,26 @@ class Evaluator:
         self.store.error_rates.observe(self.clock(), hw.error_window, ports)
         self.timings["ports"] = time.perf_counter() - started
 
-    def facts(self, overrides: Mapping[str, tuple[str, str]] | None = None) -> Facts:
-        """This pass's facts, frozen for the judgement."""
+    def facts(self) -> Facts:
+        """This pass's facts, frozen for the judgement (the rails' time-based verdicts and
+        figures as the history has them now: after this pass's repairs)."""
         store = self.store
+        now = self.clock()
         return Facts(
-            now=self.clock(), gid_table=store.gid_table, qps=store.qps,
+            timelines=store.history.timelines(now) if store.history is not None else {},
+            now=now, gid_table=store.gid_table, qps=store.qps,
             rail_seen=dict(store.rail_seen),
             observations={n: o for n, o in store.observations.items() if n in self.rails},
-            overrides=dict(overrides or {}), pins=dict(self.pins),
+            pins=dict(self.pins),
             counters=dict(store.counters), traffic=store.traffic, ports=dict(store.ports),
             error_rates=store.error_rates, labels=dict(store.labels), seen=dict(store.seen))
 
-    def judge(
-        self,
-        repairs: Repairs | None = None,
-        overrides: Mapping[str, tuple[str, str]] | None = None,
-        unreadable: Iterable[str] = (),
-    ) -> Report:
+    def judge(self, repairs: Repairs | None = None, unreadable: Iterable[str] = ()) -> Report:
         """The report from the latest observations, reading nothing; the GID verdict is
-        kept for the re-pin and the transport probe.
-
-        `overrides` carries the daemon's time-based verdicts (LinkFlapping,
-        ManagedElsewhere) into RoCENetworkReady; `unreadable` the problems observe_facts met.
-        """
+        kept for the re-pin and the transport probe. `unreadable`: the problems
+        observe_facts met."""
         repairs = repairs or Repairs()
-        judged = self.facts(overrides)
+        judged = self.facts()
         report = judge_pass(self.cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
         self.gid_verdict = judged.derive(gid_verdict, self.cfg)  # the judge's, not again

@@ -8,7 +8,7 @@ from typing import Any
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config
-from nodeagent.model import EventKind, KernelEvent, LinkState, RailObservation
+from nodeagent.model import EventKind, KernelEvent, LinkState, RailObservation, RailTimeline
 
 
 class RailIndex:
@@ -89,6 +89,18 @@ class RailHistory:
                     f" clears after {cfg.link_flap.dwell:g}s stable",
                 )
         return paused, out
+
+    def timelines(self, now: float) -> dict[str, RailTimeline]:
+        """Each rail's time-based verdict and figures, as the pass judges them."""
+        _, verdicts = self.overrides(now)
+        out = {}
+        for rail in self.cfg.rails:
+            tracker = self.flaps.get(rail.name)
+            out[rail.name] = RailTimeline(
+                verdicts.get(rail.name), dict(self.repair_counts.get(rail.name, {})),
+                tracker.total if tracker else None,
+                tracker.in_window(now) if tracker else None)
+        return out
 
     def next_change(self) -> float | None:
         """When a flap dwell or a repair pause runs out."""

@@ -20,6 +20,7 @@ from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads
 from nodeagent.io.files import describe_error
 from nodeagent.model import (
+    Finding,
     GidTable,
     Pin,
     PortHealth,
@@ -27,6 +28,7 @@ from nodeagent.model import (
     RailCounters,
     RailObservation,
 )
+from nodeagent.run.rails import RailHistory
 from nodeagent.state import load_pins, save_pins
 
 
@@ -45,6 +47,10 @@ class FactStore:
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
     # What the sources delivered: the latest of each kind (checks/facts.py, Delivered).
     seen: dict[type[Delivered], Delivered] = field(default_factory=dict)
+    # The daemon's rail history (flaps, the repair guard, repair counts); None for a
+    # one-shot command. And the last complete pass's findings (kept through an EMFILE).
+    history: RailHistory | None = None
+    last_findings: tuple[Finding, ...] | None = None
     reads: BoundedReads = field(default_factory=BoundedReads)  # driver reads off-thread
 
     def keep_rails(self, rails: Iterable[Rail], before: Iterable[Rail]) -> None:
