@@ -950,16 +950,23 @@ class LustreProbeStatus:
     hung: bool
 
 
+class DaemonRun(Words):
+    """The daemon's state in its status file."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"  # SIGTERM: the last pass's verdict, left for `status` to read
+
+
 @dataclass(frozen=True)
 class DaemonState:
-    state: str  # "running" | "stopped"
+    state: DaemonRun
     passes: int
     resync_interval: float
     last_pass_seconds: float
     reload_error: str | None = None  # why the last SIGHUP kept the old config
 
     def as_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "reload_error": self.reload_error, "passes": self.passes,
+        return {"state": str(self.state), "reload_error": self.reload_error, "passes": self.passes,
                 "resync_interval": self.resync_interval,
                 "last_pass_seconds": round(self.last_pass_seconds, 6)}
 

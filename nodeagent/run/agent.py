@@ -25,6 +25,7 @@ from nodeagent.io.signals import take_hup
 from nodeagent.io.systemd import CONDITION, REASON, Notifier
 from nodeagent.model import (
     FABRIC_READY,
+    DaemonRun,
     DaemonState,
     EventKind,
     KernelEvent,
@@ -241,7 +242,7 @@ class Agent:
                 [(n, a.kind.value) for n, acts in repairs.done.items() for a in acts])
         return report
 
-    def snapshot(self, report: Report, state: str = "running") -> Status:
+    def snapshot(self, report: Report, state: DaemonRun = DaemonRun.RUNNING) -> Status:
         """The pass (its report complete, the rails' history in it) as everything downstream
         sees it, with the daemon's own state: condition transition times, probe times, the
         Lustre probes, the publisher's view and the lock."""
@@ -267,7 +268,8 @@ class Agent:
             peer_card=own_card(self.cfg),
         )
 
-    def _publish(self, report: Report, state: str = "running", submit: bool = False) -> Status:
+    def _publish(self, report: Report, state: DaemonRun = DaemonRun.RUNNING,
+                 submit: bool = False) -> Status:
         """One snapshot to the metrics, systemd and the status file, and with `submit` (a
         new pass) to the Node writer. A rewrite of the status because the Kubernetes side
         changed is never submitted: the publisher's own change would come back as another
@@ -279,7 +281,7 @@ class Agent:
             self.sources.publisher.submit(status)  # never waits for the API server
         if self.sources.metrics is not None:
             self.sources.metrics.update(status)
-        if state == "running":
+        if state is DaemonRun.RUNNING:
             self.notifier.status(summary(report))
         assert status.daemon is not None
         try:
@@ -319,7 +321,7 @@ class Agent:
             # SIGTERM: the current step is done; leave a status that says we stopped.
             self.notifier.stopping()
             if self.record.last_report is not None:
-                self._publish(self.record.last_report, state="stopped")
+                self._publish(self.record.last_report, state=DaemonRun.STOPPED)
         self.sources.stop()
         log.info("stopped after %d passes", self.record.passes)
         return 0
