@@ -13,7 +13,7 @@ ones, and listed where it stands.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from nodeagent.checks.custom import custom_finding
@@ -79,12 +79,12 @@ class Condition:
     needs_section: bool = False
     # Part of FabricReady always, or only when its section is there with `gate: true`.
     gate: Literal["always", "section"] = "always"
-    # The smallest section that configures it (what the contract test and the README's
-    # example turn on; None: the rails configure it).
+    # The smallest section that configures it (what the contract test turns on; None:
+    # the rails configure it).
     example: Any = None
     # Whether a gated finding holds FabricReady: a verdict that is about another node (its
     # agent is down) never taints this one.
-    counts: Callable[[Finding], bool] = field(default=_counts)
+    counts: Callable[[Finding], bool] = _counts
 
     def configured(self, cfg: Config) -> bool:
         return self.section is not None and getattr(cfg, self.section) is not None
@@ -187,14 +187,6 @@ CONDITIONS: Sequence[Condition] = (
 # Every type the agent may publish, in the registry's order (the admission policy allows
 # exactly these; the Node writer publishes what a pass judged, always a subset).
 CONDITION_TYPES: tuple[ConditionType, ...] = tuple(c.type for c in CONDITIONS)
-
-
-def registered(ctype: str) -> Condition:
-    """The registry's entry for a type (KeyError for one it does not know)."""
-    return _BY_TYPE[ctype]
-
-
-_BY_TYPE: Mapping[str, Condition] = {c.type: c for c in CONDITIONS}
 
 
 def judge_all(cfg: Config, facts: Facts,
