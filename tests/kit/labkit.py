@@ -97,24 +97,34 @@ def restart_networkd(vm: VM, attempts: int = 3) -> None:
     the whole ssh timeout on a loaded host (scenario 2c, 120 s). On a starved guest (three
     emulated guests and a cold CI's Go builds on 2 cores) networkd's own start was seen to
     time out (its bus connection not authenticated within 30 s, the start job's 90 s
-    spent): that start is tried again, up to `attempts` in all, and the failure says so."""
+    spent), and once a restart did not settle within 240 s at all (the last look's words
+    were lost: they are kept now): either is tried again, up to `attempts` in all, and the
+    failure says what each attempt ended in."""
+    seen = "nothing yet"  # what the last look saw, for the failure
+
     def settled() -> str | None:
+        nonlocal seen
         res = vm.ssh("systemctl show -p ActiveState --value systemd-networkd; "
                      "systemctl list-jobs --no-legend systemd-networkd.service",
                      check=False, timeout=30)
+        seen = f"exit {res.returncode}: {(res.stdout + res.stderr).strip()[-300:]!r}"
         lines = res.stdout.splitlines()
         pending = [line for line in lines[1:] if "networkd" in line]  # a job still queued
         return lines[0].strip() if lines and not pending and res.returncode == 0 else None
 
-    state = None
+    states: list[str] = []
     for _ in range(attempts):
         vm.ssh("systemctl reset-failed systemd-networkd 2>/dev/null; "
                "systemctl restart --no-block systemd-networkd")
-        state = wait_for(settled, 240, "systemd-networkd's restart to settle")
+        try:
+            state = wait_for(settled, 240, "systemd-networkd's restart to settle")
+        except AssertionError:  # a restart that never settled is tried again, like a failed one
+            state = f"not settled in 240 s (last look: {seen})"
         if state == "active":
             return
+        states.append(state)
     journal = vm.ssh("journalctl -u systemd-networkd -n 20 --no-pager", check=False).stdout
-    raise AssertionError(f"systemd-networkd {state} after {attempts} restarts:\n{journal}")
+    raise AssertionError(f"systemd-networkd after {attempts} restarts: {states}\n{journal}")
 
 
 def start_agent(vm: VM, **extra: Any) -> None:
