@@ -56,6 +56,12 @@ class Delivered:
         return self
 
 
+def latest(seen: Mapping[type[Delivered], Delivered], kind: type[D]) -> D | None:
+    """The latest observation of a kind in `seen`, None before its source's first."""
+    got = seen.get(kind)
+    return got if isinstance(got, kind) else None
+
+
 @dataclass(frozen=True)
 class LustreSeen(Delivered):
     observation: LustreObservation
@@ -138,9 +144,7 @@ class Facts:
         return self.gid_table.source
 
     def get(self, kind: type[D]) -> D | None:
-        """The latest observation of a kind, None before its source's first."""
-        got = self.seen.get(kind)
-        return got if isinstance(got, kind) else None
+        return latest(self.seen, kind)
 
     def derive(self, how: Callable[..., T], *args: Any) -> T:
         """`how(*args, self)`, computed once for these facts (the args, the config, are the

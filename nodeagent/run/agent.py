@@ -36,7 +36,7 @@ from nodeagent.model import (
 from nodeagent.publish.status import DaemonLock, write_status
 from nodeagent.run.discovery import own_card
 from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
-from nodeagent.run.rails import RailHistory, RailIndex
+from nodeagent.run.rails import RailHistory
 from nodeagent.run.reload import ConfigReloader
 from nodeagent.run.sources import Sources
 from nodeagent.run.store import FactStore
@@ -118,7 +118,6 @@ class Agent:
         self.notifier = Notifier()
         self.reloader = ConfigReloader(reload, self.work.put)
         self.sources = Sources(self.work.put)
-        self.index = RailIndex(cfg)
         self.record = PassRecord()
 
     # ------------------------------------------------------------ configuration
@@ -131,7 +130,6 @@ class Agent:
             self.evaluator = evaluator
         self.cfg = cfg
         self.history.retune(cfg)  # a reload never hides a flap or restarts a fight
-        self.index = RailIndex(cfg)
         self.sources.reconfigure(cfg)
 
     def apply_reload(self, got: Reloaded) -> None:
@@ -155,13 +153,15 @@ class Agent:
     def rails_for(self, event: KernelEvent) -> set[str]:
         """Which rails a kernel event touches; what the kernel does next follows from it
         (carrier changes counted from the event, the GID table read again)."""
-        hit = self.index.rails_for(event, self.store.observations)
+        assert self.evaluator is not None  # events are taken once the loop runs
+        index = self.evaluator.index
+        hit = index.rails_for(event, self.store.observations)
         if event.link is not None:
-            rail = self.index.by_name.get(event.link.ifname)
+            rail = index.by_name.get(event.link.ifname)
             if rail:
                 self.history.link_event(self.clock(), rail, event.link)
         gid_work = event.kind in (EventKind.ADDRESS, EventKind.LINK)
-        if gid_work and hit and self.evaluator is not None:
+        if gid_work and hit:
             self.evaluator.mark_gid_stale()  # the kernel's GID work follows these
         if event.kind is EventKind.ADDRESS and hit and self.sources.gid_watcher is not None:
             # The kernel's GID work follows an address change asynchronously: look at the

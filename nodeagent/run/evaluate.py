@@ -49,6 +49,7 @@ from nodeagent.probes.port import read_port_health
 from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
 from nodeagent.remedies.network import Action, execute, plan_rail
+from nodeagent.run.rails import RailIndex
 from nodeagent.run.store import FactStore, PinKeeper, RepinSchedule
 from nodeagent.run.work import Aim
 
@@ -182,6 +183,7 @@ class Evaluator:
         self.cfg = cfg
         self.ipr = ipr
         self.rails = {r.name: r for r in cfg.rails}
+        self.index = RailIndex(cfg)  # which rail a kernel message is about
         self.store = store or FactStore()
         self.keeper = PinKeeper(cfg, persist_pins)
         self.repins = RepinSchedule()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from nodeagent.checks.facts import D, Delivered
+from nodeagent.checks.facts import D, Delivered, latest
 from nodeagent.checks.gid import GidVerdict
 from nodeagent.checks.port_health import ErrorRates
 from nodeagent.checks.traffic import TrafficTracker
@@ -71,8 +71,7 @@ class FactStore:
         self.seen[kind] = item.after(self.seen.get(kind))
 
     def get(self, kind: type[D]) -> D | None:
-        got = self.seen.get(kind)
-        return got if isinstance(got, kind) else None
+        return latest(self.seen, kind)
 
 
 class PinKeeper:
