@@ -7,6 +7,7 @@ observations into Findings, remedies turn drift into Actions. Nothing here does 
 from __future__ import annotations
 
 import enum
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -539,6 +540,37 @@ class VerbsDevice:
     ibdev: str | None  # mlx5_0, rxe0; None when sysfs does not say
     usable: bool  # a character device that opened read-write
     why: str = ""  # when not usable
+
+
+@dataclass(frozen=True)
+class GidSlot:
+    """One slot of a port's GID table as a process sees it: what NCCL's selection reads.
+    `version` 1 or 2 from gid_attrs/types, None when the read fails with EINVAL (an empty
+    slot, or one whose netdev is in another namespace) or says something else; `missing`
+    when the types file cannot be opened at all (NCCL fails on that)."""
+
+    index: int
+    gid: ipaddress.IPv6Address  # :: for an empty slot
+    version: int | None
+    missing: bool = False
+
+    @property
+    def ipv4(self) -> str | None:
+        mapped = self.gid.ipv4_mapped
+        return str(mapped) if mapped is not None else None
+
+
+@dataclass(frozen=True)
+class PortView:
+    """An RDMA port as a process sees it: state, link layer and every GID slot (the table's
+    length is the kernel's gid_tbl_len: NCCL walks all of it)."""
+
+    device: str
+    port: int
+    active: bool
+    ethernet: bool
+    slots: tuple[GidSlot, ...]
+    state: str = ""  # the kernel's word, for messages: ACTIVE, DOWN, ...
 
 
 @dataclass(frozen=True)

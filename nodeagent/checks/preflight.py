@@ -2,37 +2,41 @@
 the node's agent knows. Pure: facts in, one Unfit per problem out, each saying what to
 change. (The gang's RoCE probe is cli/gang.py; its problems join these.)
 
-The environment checks follow NCCL's own reading of its variables (src/transport/net_ib
-and src/misc/param): `NCCL_IB_DISABLE` an integer, non-zero disables the IB/RoCE
-transport; `NCCL_NET` forces one network by name and never falls back (`Socket` forces
-sockets); `NCCL_IB_HCA` a comma-separated list of `device[:port]`, prefix-matched unless it
-starts with `=`, excluded when it starts with `^`; `NCCL_IB_GID_INDEX` the GID index used
-on every device; `NCCL_IB_ROCE_VERSION_NUM` the RoCE version of an automatically chosen
-GID.
+NCCL's environment is judged by predicting what NCCL will do with it (checks/nccl.py,
+from NCCL's source): the ports it opens and the GID it picks on each, against the rails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from nodeagent.model import NodeRail, NodeVerdict, Unfit, VerbsDevice
+from nodeagent.checks.nccl import NcclEnv, NcclPlan, nccl_problems, predict
+from nodeagent.model import NodeRail, NodeVerdict, PortView, Unfit, VerbsDevice
 
 
 @dataclass(frozen=True)
 class PreflightFacts:
     verdict: NodeVerdict
     devices: Sequence[VerbsDevice] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # with NCCL's conf files merged
     lustre: Mapping[str, str | None] = field(default_factory=dict)  # mountpoint -> why not
     resource: str = "rdma/rdma_shared_device_a"
+    ports: Sequence[PortView] = ()  # the RDMA ports this container's sysfs shows
+    interfaces: Sequence[str] | None = None  # running, with an address (None: unknown)
+    addresses: Sequence[str] = ()  # this container's IPv4 addresses
+    allow_partial: bool = False  # a job that means to use only some rails
+
+    def plan(self) -> NcclPlan:
+        return predict(NcclEnv.read(self.env), self.ports, self.interfaces)
 
 
 def judge_preflight(facts: PreflightFacts) -> list[Unfit]:
     return [*device_problems(facts.devices, facts.verdict.rails, facts.resource),
             *verdict_problems(facts.verdict),
             *storage_problems(facts.lustre),
-            *env_problems(facts.env, facts.verdict.rails)]
+            *nccl_problems(facts.plan(), facts.verdict.rails, facts.ports, facts.addresses,
+                           allow_partial=facts.allow_partial)]
 
 
 def device_problems(devices: Sequence[VerbsDevice], rails: Sequence[NodeRail],
@@ -64,63 +68,3 @@ def verdict_problems(verdict: NodeVerdict) -> list[Unfit]:
 def storage_problems(lustre: Mapping[str, str | None]) -> list[Unfit]:
     return [Unfit("storage", f"{mountpoint}: {why}") for mountpoint, why in lustre.items()
             if why is not None]
-
-
-def _int(value: str) -> int | None:
-    try:
-        return int(value.strip(), 0)
-    except ValueError:
-        return None
-
-
-def hca_selects(spec: str, device: str) -> bool:
-    """Whether NCCL_IB_HCA selects the device (NCCL's matchIfList over `dev[:port]`)."""
-    text = spec.strip()
-    exclude = text.startswith("^")
-    text = text.lstrip("^")
-    exact = text.startswith("=")
-    text = text.lstrip("=")
-    names = [item.split(":", 1)[0].strip() for item in text.split(",") if item.strip()]
-    hit = any(device == n if exact else device.startswith(n) for n in names)
-    return not hit if exclude else hit
-
-
-def env_problems(env: Mapping[str, str], rails: Iterable[NodeRail]) -> list[Unfit]:
-    rails = list(rails)
-    out: list[Unfit] = []
-    disable = env.get("NCCL_IB_DISABLE")
-    if disable is not None and (_int(disable) or 0) != 0:
-        out.append(Unfit("env", f"NCCL_IB_DISABLE={disable} turns RDMA off (NCCL uses "
-                         "sockets): remove it"))
-    net = env.get("NCCL_NET")
-    if net is not None and net.strip().lower() == "socket":
-        out.append(Unfit("env", f"NCCL_NET={net} forces sockets: remove it, or set "
-                         "NCCL_NET=IB"))
-    devices = [r for r in rails if r.device]
-    hca = env.get("NCCL_IB_HCA")
-    if hca is not None and devices and not any(hca_selects(hca, r.device or "")
-                                               for r in devices):
-        names = ", ".join(sorted({r.device or "" for r in devices}))
-        out.append(Unfit("env", f"NCCL_IB_HCA={hca} selects none of this node's rail devices "
-                         f"({names}): NCCL would fall back to sockets; name them, or leave "
-                         "it unset"))
-    gid = env.get("NCCL_IB_GID_INDEX")
-    if gid is not None:
-        index = _int(gid)
-        pinned = [r for r in rails if r.gid_index is not None]
-        if index is None:
-            out.append(Unfit("env", f"NCCL_IB_GID_INDEX={gid} is not a number"))
-        else:
-            off = [r for r in pinned if r.gid_index != index]
-            if off:
-                at = sorted({r.gid_index for r in pinned if r.gid_index is not None})
-                what = ", ".join(f"{r.name} at {r.gid_index}" for r in off)
-                fix = (f"set NCCL_IB_GID_INDEX={at[0]}" if len(at) == 1
-                       else "leave it unset (the rails' pins differ)")
-                out.append(Unfit("env", f"NCCL_IB_GID_INDEX={gid}, but the rails' IPv4 RoCE "
-                                 f"v2 GIDs are pinned elsewhere ({what}): {fix}"))
-    version = env.get("NCCL_IB_ROCE_VERSION_NUM")
-    if version is not None and _int(version) == 1:
-        out.append(Unfit("env", "NCCL_IB_ROCE_VERSION_NUM=1 selects RoCE v1 GIDs; the rails "
-                         "are pinned on RoCE v2: remove it"))
-    return out

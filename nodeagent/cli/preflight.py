@@ -7,9 +7,11 @@ Checks (checks/preflight.py): the rails' RDMA devices are in the container (thei
 nodes open); the node's agent says FabricReady=True (its status file, mounted read-only
 from the host: the default, no API request per pod; or the Node through the API with the
 pod's own token); the Lustre mounts the job needs answer a bounded statfs (in a child
-process: a hung mount never hangs the init container); NCCL's environment does not turn
-the fabric off or point it elsewhere; and with `--peers`, the gang (cli/gang.py): all pods
-at a barrier, then each rail's RoCE probe of the next pod.
+process: a hung mount never hangs the init container); NCCL, given this environment and
+this container's view of the RDMA ports, would use every rail at its IPv4 RoCE v2 GID
+(checks/nccl.py); and with `--peers`, the gang (cli/gang.py): all pods at a barrier, then
+each rail's RoCE probe of the next pod. Fit, the termination message says what NCCL will
+use (devices, GIDs, traffic class).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--barrier-timeout", type=parse_duration, default=60.0,
                    metavar="DURATION", help="how long to wait for the whole gang")
     p.add_argument("--probe-timeout", type=parse_duration, default=2.0, metavar="DURATION")
+    p.add_argument("--allow-partial-rails", action="store_true",
+                   help="pass a job whose NCCL settings use only some of the rails (by "
+                   "default that is refused: it trains at a fraction of the bandwidth)")
     p.add_argument("--termination-log", default="/dev/termination-log", type=Path,
                    help="where the kubelet reads the termination message")
     p.add_argument("--dev", default="/dev", type=Path, help="root of the device nodes")
@@ -170,11 +175,44 @@ def statfs_all(paths: list[str], procfs: Path, timeout: float) -> dict[str, str 
     return out
 
 
-def report(problems: list[Unfit], termination_log: Path) -> None:
+def nccl_environment(env: dict[str, str], root: Path = Path("/")) -> dict[str, str]:
+    """The environment NCCL will see: this one, with its conf files filling what is unset
+    ($NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf, under `root`; src/misc/param.cc
+    `initEnvFunc`). A file that cannot be read is skipped, as NCCL skips it."""
+    from nodeagent.checks.nccl import with_conf_files
+    from nodeagent.io.files import read_text_bounded
+
+    user = env.get("NCCL_CONF_FILE") or (f"{env['HOME']}/.nccl.conf" if env.get("HOME")
+                                         else "")
+    texts = []
+    for path in (user, "/etc/nccl.conf"):
+        if not path:
+            continue
+        try:
+            texts.append(read_text_bounded(root / path.lstrip("/"), 1 << 16,
+                                           errors="replace"))
+        except OSError:
+            continue
+    return with_conf_files(env, texts)
+
+
+def container_network() -> tuple[list[str] | None, list[str]]:
+    """This container's running interfaces and IPv4 addresses; (None, []) when netlink
+    cannot say (then NCCL_SOCKET_IFNAME is not judged)."""
+    from nodeagent.probes.container import read_interfaces
+
+    try:
+        return read_interfaces()
+    except Exception:  # no netlink in a locked-down container: judge the rest
+        return None, []
+
+
+def report(problems: list[Unfit], termination_log: Path, fit: str = "") -> None:
     lines = [f"preflight: {printable(u.line())}" for u in problems]
     for line in lines:
         print(line, file=sys.stderr)
-    text = "\n".join(lines) + "\n" if lines else "preflight: fit\n"
+    text = ("\n".join(lines) + "\n" if lines else
+            f"preflight: fit{f' ({printable(fit)})' if fit else ''}\n")
     if termination_log.parent.is_dir():
         data = text.encode()[:TERMINATION_MAX]
         try:
@@ -194,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"preflight: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from nodeagent.probes.container import read_verbs_devices
+    from nodeagent.probes.container import read_port_views, read_verbs_devices
 
     started = time.monotonic()
     verdict = verdict_from_status(args.runtime_dir)
@@ -205,9 +243,12 @@ def run(args: argparse.Namespace) -> int:
         verdict = NodeVerdict(verdict.node, verdict.ready, verdict.reason, verdict.message,
                               local.rails, local.lustre, verdict.problem)
     mounts = args.lustre if args.lustre is not None else list(verdict.lustre)
+    interfaces, addresses = container_network()
     facts = PreflightFacts(verdict, read_verbs_devices(args.dev, args.sysfs),
-                           dict(os.environ), statfs_all(mounts, args.procfs,
-                                                        args.statfs_timeout), args.resource)
+                           nccl_environment(dict(os.environ)),
+                           statfs_all(mounts, args.procfs, args.statfs_timeout),
+                           args.resource, read_port_views(args.sysfs), interfaces, addresses,
+                           args.allow_partial_rails)
     problems = judge_preflight(facts)
     if len(peers) > 1:
         from nodeagent.cli.gang import GangCard, run_gang
@@ -217,5 +258,5 @@ def run(args: argparse.Namespace) -> int:
                            started + args.barrier_timeout, args.probe_timeout,
                            bind=args.gang_bind)
         problems += gang
-    report(problems, args.termination_log)
+    report(problems, args.termination_log, facts.plan().summary())
     return EXIT_UNFIT if problems else EXIT_FIT

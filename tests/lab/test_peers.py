@@ -217,17 +217,21 @@ def test_4f_the_peer_agent_stopped_is_unknown_and_holds_nothing(pair: tuple[VM, 
 # ------------------------------------------------------------------ the job's own path
 
 
-PREFLIGHT = (VENV + "/nodeagent preflight --peers 10.20.0.1,10.20.0.2 --index {i} "
-             "--barrier-timeout 90s --termination-log /tmp/preflight.log")
+# Each guest has more soft-RoCE devices than its rail's (one per NIC): NCCL would open them
+# all, so the job names its rail's device, as a trainer beside a storage NIC does.
+PREFLIGHT = ("NCCL_IB_HCA={hca} " + VENV + "/nodeagent preflight --peers 10.20.0.1,10.20.0.2 "
+             "--index {i} --barrier-timeout 90s --termination-log /tmp/preflight.log")
 
 
 def preflight_pair(a: VM, b: VM) -> dict[str, tuple[int, str]]:
     """`nodeagent preflight` on both nodes at once, as a 2-pod gang's init containers would
     run (outside a container here: the guests' own devices and status files): each exit
     code and termination message."""
-    a.ssh("rm -f /tmp/preflight.*; (" + PREFLIGHT.format(i=0) + "; echo $? > /tmp/preflight.rc)"
+    run_a = PREFLIGHT.format(i=0, hca="=" + str(A_RAIL["rdma_device"]))
+    run_b = PREFLIGHT.format(i=1, hca="=" + str(B_RAIL["rdma_device"]))
+    a.ssh("rm -f /tmp/preflight.*; (" + run_a + "; echo $? > /tmp/preflight.rc)"
           " >/dev/null 2>&1 </dev/null &")
-    b.ssh("rm -f /tmp/preflight.*; " + PREFLIGHT.format(i=1) + "; echo $? > /tmp/preflight.rc",
+    b.ssh("rm -f /tmp/preflight.*; " + run_b + "; echo $? > /tmp/preflight.rc",
           check=False, timeout=180)
     wait_for(lambda: a.ssh("cat /tmp/preflight.rc", check=False).stdout.strip(), 120,
              "the first node's preflight")
@@ -241,7 +245,12 @@ def test_4g_a_gangs_preflight_passes_over_roce_and_names_the_pair_when_roce_drop
     both_reach_each_other(a, b)
     started = time.monotonic()
     got = preflight_pair(a, b)
-    assert got == {"lab": (0, "preflight: fit\n"), "lab-b": (0, "preflight: fit\n")}, got
+    # Fit, each says what NCCL would use, read from the guest's own sysfs: the rail's device
+    # at the GID the agent pinned.
+    want = {name: (0, f"preflight: fit (NCCL: IB on {rail['rdma_device']}:1 GID "
+                      f"{status(vm)['rails'][0]['gid_index_pinned']}; TC 0, SL 0)\n")
+            for name, vm, rail in (("lab", a, A_RAIL), ("lab-b", b, B_RAIL))}
+    assert got == want, got
     print(f"a healthy 2-pod gang's preflight, both ends (TCG guests): "
           f"{time.monotonic() - started:.1f} s")
     b.ssh("nft add table inet lab && nft add chain inet lab in '{ type filter hook input "

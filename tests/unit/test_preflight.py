@@ -1,11 +1,12 @@
-"""`nodeagent preflight`'s judgement and its gang barrier: each environment case against
-NCCL's own reading of its variables, the device and verdict checks, and the barrier over
+"""`nodeagent preflight`'s judgement and its gang barrier: NCCL's predicted choice joined
+to the device and verdict checks, and the barrier over
 real loopback sockets (a pod missing, one answering garbage, one answering as another
 rank). The checks inside a real container are in tests/kubelet; the gang's RoCE probe
 between two kernels in tests/lab/test_peers.py."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -16,16 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.checks.preflight import (
-    PreflightFacts,
-    device_problems,
-    env_problems,
-    hca_selects,
-    judge_preflight,
-)
+from nodeagent.checks.preflight import PreflightFacts, device_problems, judge_preflight
 from nodeagent.cli.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
-from nodeagent.cli.preflight import peer_names, report, verdict_from_status
-from nodeagent.model import NodeRail, NodeVerdict, VerbsDevice
+from nodeagent.cli.preflight import nccl_environment, peer_names, report, verdict_from_status
+from nodeagent.model import GidSlot, NodeRail, NodeVerdict, PortView, VerbsDevice
 from nodeagent.probes.container import read_verbs_devices
 from tests.kit.helpers import free_port, wait_for
 
@@ -35,56 +30,52 @@ READY = NodeVerdict("gpu-05", True, "AllConditionsPassed", "ok", RAILS)
 DEVICES = (VerbsDevice("uverbs0", "mlx5_0", True), VerbsDevice("uverbs1", "mlx5_1", True))
 
 
-def lines(env: dict[str, str], rails: tuple[NodeRail, ...] = RAILS) -> list[str]:
-    return [u.line() for u in env_problems(env, rails)]
+def standard_port(device: str, ipv4: str) -> PortView:
+    """The 4-entry mlx5 table (NVIDIA/nccl-tests#192): fe80 v1/v2, the IPv4 pair at 2/3."""
+    def slot(i: int, gid: str, version: int) -> GidSlot:
+        return GidSlot(i, ipaddress.IPv6Address(gid), version)
+    return PortView(device, 1, True, True, (
+        slot(0, "fe80::1", 1), slot(1, "fe80::1", 2), slot(2, f"::ffff:{ipv4}", 1),
+        slot(3, f"::ffff:{ipv4}", 2)), "ACTIVE")
 
 
-def test_a_fit_pod_has_no_problem() -> None:
-    assert judge_preflight(PreflightFacts(READY, DEVICES, {"NCCL_IB_GID_INDEX": "3",
-                                                           "NCCL_IB_HCA": "mlx5"})) == []
+PORTS = (standard_port("mlx5_0", "10.10.0.5"), standard_port("mlx5_1", "10.11.0.5"))
 
 
-@pytest.mark.parametrize("env,words", [
-    ({"NCCL_IB_DISABLE": "1"}, "NCCL_IB_DISABLE=1 turns RDMA off (NCCL uses sockets): "
-     "remove it"),
-    ({"NCCL_NET": "Socket"}, "NCCL_NET=Socket forces sockets"),
-    ({"NCCL_NET": "socket"}, "NCCL_NET=socket forces sockets"),
-    ({"NCCL_IB_HCA": "mlx5_4,mlx5_5"}, "selects none of this node's rail devices (mlx5_0, "
-     "mlx5_1)"),
-    ({"NCCL_IB_HCA": "=mlx5"}, "NCCL_IB_HCA==mlx5 selects none"),  # exact: no prefix match
-    ({"NCCL_IB_HCA": "^mlx5"}, "NCCL_IB_HCA=^mlx5 selects none"),  # every rail excluded
-    ({"NCCL_IB_GID_INDEX": "1"}, "NCCL_IB_GID_INDEX=1, but the rails' IPv4 RoCE v2 GIDs are "
-     "pinned elsewhere (rail0 at 3, rail1 at 3): set NCCL_IB_GID_INDEX=3"),
-    ({"NCCL_IB_GID_INDEX": "three"}, "NCCL_IB_GID_INDEX=three is not a number"),
-    ({"NCCL_IB_ROCE_VERSION_NUM": "1"}, "selects RoCE v1 GIDs"),
-])
-def test_an_environment_that_bypasses_the_fabric_is_named(env: dict[str, str],
-                                                          words: str) -> None:
-    got = lines(env)
-    assert len(got) == 1 and got[0].startswith("env: ") and words in got[0], got
+def facts(verdict: NodeVerdict = READY, env: dict[str, str] | None = None,
+          allow_partial: bool = False) -> PreflightFacts:
+    return PreflightFacts(verdict, DEVICES, env or {}, ports=PORTS,
+                          allow_partial=allow_partial)
 
 
-@pytest.mark.parametrize("env", [
-    {"NCCL_IB_DISABLE": "0"}, {"NCCL_NET": "IB"}, {"NCCL_NET": "IBext_v8"},
-    {"NCCL_IB_HCA": "mlx5_0:1"}, {"NCCL_IB_HCA": "^mlx5_1"}, {"NCCL_IB_HCA": "=mlx5_1"},
-    {"NCCL_IB_GID_INDEX": "3"}, {"NCCL_IB_ROCE_VERSION_NUM": "2"}, {},
-])
-def test_an_environment_that_uses_the_fabric_passes(env: dict[str, str]) -> None:
-    assert lines(env) == []
+def test_a_fit_pod_has_no_problem_and_says_what_nccl_will_use() -> None:
+    fit = facts(env={"NCCL_IB_GID_INDEX": "3", "NCCL_IB_HCA": "mlx5"})
+    assert judge_preflight(fit) == []
+    assert fit.plan().summary() == "NCCL: IB on mlx5_0:1 GID 3, mlx5_1:1 GID 3; TC 0, SL 0"
 
 
-def test_rails_pinned_at_different_indices_take_no_global_gid_index() -> None:
-    rails = (RAILS[0], NodeRail("rail1", "10.11.0.5", "mlx5_1", 1, 5))
-    got = lines({"NCCL_IB_GID_INDEX": "3"}, rails)
-    assert got == ["env: NCCL_IB_GID_INDEX=3, but the rails' IPv4 RoCE v2 GIDs are pinned "
-                   "elsewhere (rail1 at 5): leave it unset (the rails' pins differ)"]
+def test_nccl_problems_join_the_others() -> None:
+    """The environment is judged by NCCL's predicted choice (tests/unit/test_nccl_prediction
+    has the cases); here, that its lines reach the preflight's, and the allow flag."""
+    partial = facts(env={"NCCL_IB_HCA": "=mlx5_0"})
+    assert [u.line() for u in judge_preflight(partial)] == [
+        "nccl: NCCL would use 1 of 2 rails, not rail1 (mlx5_1:1) (mlx5_1:1 is not in "
+        "NCCL_IB_HCA==mlx5_0): the job trains at a fraction of the bandwidth; select every "
+        "rail, or pass --allow-partial-rails"]
+    assert judge_preflight(facts(env={"NCCL_IB_HCA": "=mlx5_0"}, allow_partial=True)) == []
+    assert [u.line() for u in judge_preflight(PreflightFacts(READY, DEVICES, {}))] == [
+        "nccl: NCCL would use TCP sockets, not the rails: no ACTIVE RDMA port here: NCCL "
+        "falls back to TCP sockets without an error"]
 
 
-def test_hca_matching_follows_nccl() -> None:
-    assert hca_selects("mlx5", "mlx5_0") and hca_selects("mlx5_0:1,mlx5_1:1", "mlx5_1")
-    assert not hca_selects("=mlx5", "mlx5_0") and hca_selects("=mlx5_0", "mlx5_0")
-    assert not hca_selects("^mlx5_0", "mlx5_0") and hca_selects("^mlx5_0", "mlx5_1")
-    assert not hca_selects("^=mlx5_0", "mlx5_0") and hca_selects("^=mlx5", "mlx5_0")
+def test_nccl_conf_files_fill_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "nccl.conf").write_text("NCCL_IB_DISABLE=1\nNCCL_IB_HCA=mlx5\n")
+    (tmp_path / "job.conf").write_text("NCCL_IB_HCA=mlx5_0\n")
+    got = nccl_environment({"NCCL_CONF_FILE": "/job.conf", "NCCL_IB_DISABLE": "0"}, tmp_path)
+    assert got == {"NCCL_CONF_FILE": "/job.conf", "NCCL_IB_DISABLE": "0",
+                   "NCCL_IB_HCA": "mlx5_0"}
+    assert nccl_environment({"HOME": "/nowhere"}, tmp_path)["NCCL_IB_DISABLE"] == "1"
 
 
 def test_no_device_names_the_resource_to_request() -> None:
@@ -102,10 +93,10 @@ def test_no_device_names_the_resource_to_request() -> None:
 
 def test_a_node_that_is_not_ready_or_unknown_refuses() -> None:
     bad = NodeVerdict("gpu-05", False, "RuleMissing", "rail0 ens1f0: rule missing", RAILS)
-    got = judge_preflight(PreflightFacts(bad, DEVICES))
+    got = judge_preflight(facts(bad))
     assert [u.line() for u in got] == ["node: node gpu-05 is not fabric-ready: FabricReady "
                                        "(RuleMissing): rail0 ens1f0: rule missing"]
-    unknown = judge_preflight(PreflightFacts(NodeVerdict(problem="no agent status"), DEVICES))
+    unknown = judge_preflight(facts(NodeVerdict(problem="no agent status")))
     assert unknown[0].line() == ("node: cannot tell whether this node's fabric is ready: no "
                                  "agent status")
 
