@@ -450,6 +450,14 @@ class Transport(_Strict):
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
 
 
+class Nccl(_Strict):
+    """NCCLDefaultGIDPinned: whether NCCL with its default settings would pick each rail's
+    pinned GID (checks/nccl.py, NCCL's selection read from its source). Off FabricReady
+    by default: a job may set NCCL_IB_GID_INDEX, and preflight judges the job's own."""
+
+    gate: bool = False  # true: part of FabricReady (jobs run with NCCL's defaults here)
+
+
 class Peer(_Strict):
     """Another node's end of a rail: its rail address, and the node's name for messages."""
 
@@ -717,6 +725,7 @@ class Config(_Strict):
     custom_checks: CustomChecks | None = None
     transport: Transport | None = None
     peers: Peers | None = None
+    nccl: Nccl | None = None
     jobs: Jobs = Jobs()  # the job gate's names, for nodeagent deploy
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None

@@ -46,6 +46,9 @@ class ConditionType(Words):
     # With a `peers` section: each rail reached its peers' rails over RoCE (part of
     # FabricReady only with `peers.gate`).
     RDMA_PEERS_REACHABLE = "RDMAPeersReachable"
+    # With an `nccl` section: NCCL with its default settings (no NCCL_IB_GID_INDEX) would
+    # pick each rail's pinned GID (part of FabricReady only with `nccl.gate`).
+    NCCL_DEFAULT_GID_PINNED = "NCCLDefaultGIDPinned"
 
 
 ROCE_NETWORK_READY = ConditionType.ROCE_NETWORK_READY
@@ -58,6 +61,7 @@ RDMA_HARDWARE_HEALTHY = ConditionType.RDMA_HARDWARE_HEALTHY
 CUSTOM_CHECKS_PASSED = ConditionType.CUSTOM_CHECKS_PASSED
 RDMA_TRANSPORT_VERIFIED = ConditionType.RDMA_TRANSPORT_VERIFIED
 RDMA_PEERS_REACHABLE = ConditionType.RDMA_PEERS_REACHABLE
+NCCL_DEFAULT_GID_PINNED = ConditionType.NCCL_DEFAULT_GID_PINNED
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"
@@ -894,6 +898,8 @@ class RailStatus:
     address: str | None = None
     rdma_device: str | None = None
     rdma_port: int | None = None
+    # The GID index NCCL with default settings would pick on the rail's port (checks/nccl).
+    nccl_default_gid_index: int | None = None
     counters: RailCounters | None = None
     port: PortHealth | None = None  # with a hardware section
     transport: TransportResult | None = None  # with a transport section: the latest probe
@@ -909,6 +915,7 @@ class RailStatus:
             "mtu": self.mtu, "drift": list(self.drift), "gid_index": self.gid_index,
             "gid_index_pinned": self.gid_index_pinned, "address": self.address,
             "rdma_device": self.rdma_device, "rdma_port": self.rdma_port,
+            "nccl_default_gid_index": self.nccl_default_gid_index,
         }
         c = self.counters
         if c is not None:

@@ -29,6 +29,7 @@ from nodeagent.checks.facts import (
 )
 from nodeagent.checks.gid import gid_verdict
 from nodeagent.checks.lustre import lustre_finding
+from nodeagent.checks.nccl_default import nccl_default_finding, nccl_defaults
 from nodeagent.checks.network import drift_by_rail, network_finding
 from nodeagent.checks.peers import (
     NO_PEERS,
@@ -47,6 +48,7 @@ from nodeagent.model import (
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
     LUSTRE_READY,
+    NCCL_DEFAULT_GID_PINNED,
     RDMA_DEVICE_PLUGIN_READY,
     RDMA_HARDWARE_HEALTHY,
     RDMA_PEERS_REACHABLE,
@@ -183,6 +185,8 @@ CONDITIONS: Sequence[Condition] = (
     Condition(RDMA_PEERS_REACHABLE, _peers, column="REACH", section="peers",
               needs_section=True, gate="section", example={},
               counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
+    Condition(NCCL_DEFAULT_GID_PINNED, nccl_default_finding, column="NCCL", section="nccl",
+              needs_section=True, gate="section", example={}),
 )
 # Every type the agent may publish, in the registry's order (the admission policy allows
 # exactly these; the Node writer publishes what a pass judged, always a subset).
@@ -206,6 +210,7 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
     drift, gid = facts.derive(drift_by_rail, cfg), facts.derive(gid_verdict, cfg)
     transport = facts.get(TransportSeen)
     peers = facts.derive(peer_stats_by_rail, cfg)
+    nccl = facts.derive(nccl_defaults, cfg)
     rails = []
     for rail in cfg.rails:
         obs = facts.observations.get(rail.name)
@@ -223,6 +228,7 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             rdma_device=rail.rdma_device or (learned.device if learned else None),
             rdma_port=rail.rdma_port if rail.rdma_device else (
                 learned.port if learned else None),
+            nccl_default_gid_index=(nccl[rail.name].index if rail.name in nccl else None),
             counters=facts.counters.get(rail.name), port=facts.ports.get(rail.name),
             repairs_total=timeline.repairs if timeline else None,
             carrier_losses_total=timeline.carrier_losses_total if timeline else None,

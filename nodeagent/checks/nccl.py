@@ -359,18 +359,22 @@ def predict(env: NcclEnv, ports: Sequence[PortView],
             return plan("fails", f"NCCL_SOCKET_IFNAME={env.socket_ifname} matches no running "
                         "interface with an address here (NCCL's bootstrap and NET/IB need one)")
     if not wants_ib:
-        return plan("Socket", f"NCCL_NET={net} forces TCP sockets")
-    off = ""
+        return plan("Socket", f"NCCL_NET={net} forces TCP sockets: remove it, or set "
+                    "NCCL_NET=IB")
     if env.ib_disable != 0:
-        off = (f"NCCL_IB_DISABLE={env.text('NCCL_IB_DISABLE')} turns NET/IB off (NCCL "
-               f"reads it as {env.ib_disable})")
+        off, fix = (f"NCCL_IB_DISABLE={env.text('NCCL_IB_DISABLE')} turns NET/IB off (NCCL "
+                    f"reads it as {env.ib_disable})", "remove it")
+    elif not ports:
+        off, fix = ("no ACTIVE RDMA port here", "request the RDMA resource")
     elif not used:
-        off = ("no ACTIVE RDMA port here" if not ports else
-               f"NET/IB opens no port ({'; '.join(skipped)})")
+        off, fix = (f"NET/IB opens no port ({'; '.join(skipped)})",
+                    "select the rails' devices in NCCL_IB_HCA")
+    else:
+        off = fix = ""
     if off:
         return plan("fails" if net is not None else "Socket", off + (
-            ": NCCL_NET=IB then fails" if net is not None else
-            ": NCCL falls back to TCP sockets without an error"))
+            f": NCCL_NET=IB then fails; {fix}" if net is not None else
+            f": NCCL falls back to TCP sockets without an error; {fix}"))
     chosen = [choose_gid(p, env) if p.ethernet else
               GidChoice(p.device, p.port, 0, None, False, "InfiniBand") for p in used]
     failed = [c for c in chosen if c.index is None]
@@ -397,7 +401,7 @@ def expected_gid(rail: NodeRail, port: PortView | None, pod_addresses: Iterable[
     """The host's pin, unless this process has an IPv4 address of its own (not the rail's)
     that is a RoCE v2 GID of the rail's port: a macvlan or SR-IOV child moved into the pod,
     whose GID sits at an index of its own (NVIDIA/nccl#718, multus-cni#1100)."""
-    own = set(pod_addresses) - {rail.address}
+    own = set(pod_addresses) - {(rail.address or "").split("/")[0]}
     if port is not None and own:
         for slot in sorted(port.slots, key=lambda s: s.index):
             if slot.version == 2 and slot.ipv4 in own:

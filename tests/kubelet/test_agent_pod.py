@@ -79,11 +79,14 @@ def agent_node(cluster: tuple[ApiServer, ControlPlane], registry: Registry,
     # device of this host's (it has no RDMA device): /dev/null's numbers, which open. The
     # runtime makes the node in the container from the plugin's DeviceSpec and lets its
     # device cgroup open it, as for a real uverbs node.
-    uverbs = tmp_path_factory.mktemp("hca") / "uverbs0"
-    os.mknod(uverbs, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    # Two of them: a node with two rails.
+    hca = tmp_path_factory.mktemp("hca")
+    for name in ("uverbs0", "uverbs1"):
+        os.mknod(hca / name, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     try:
         start_plugin_node(n, k8s.CoreV1Api(server.client("admin")),
-                          devices={"/dev/infiniband/uverbs0": uverbs})
+                          devices={f"/dev/infiniband/{name}": hca / name
+                                   for name in ("uverbs0", "uverbs1")})
         yield n
     finally:
         n.stop()
@@ -373,6 +376,24 @@ def status_writer(run: Path, data: dict[str, Any]) -> Iterator[None]:
         lock.release()
 
 
+def fabric_sysfs(tmp_path: Path, rails: dict[str, str]) -> Path:
+    """What a container's /sys shows of soft-RoCE rails (this host's own /sys has none):
+    /sys/class/infiniband_verbs/uverbsN/ibdev naming each device
+    (drivers/infiniband/core/uverbs_main.c, ibdev_show), and each device's port 1 as rxe
+    shows it (ACTIVE, Ethernet, no PCI function; GIDs fe80 v1/v2 at 0/1, the rail's IPv4
+    pair at 2/3: drivers/infiniband/core/sysfs.c and roce_gid_mgmt.c)."""
+    from tests.kit.helpers import make_gid_tree, make_port_tree, roce_entries
+
+    sysfs = tmp_path / "sys"
+    for n, (device, address) in enumerate(rails.items()):
+        verbs = sysfs / "class" / "infiniband_verbs" / f"uverbs{n}"
+        verbs.mkdir(parents=True)
+        (verbs / "ibdev").write_text(f"{device}\n")
+        make_gid_tree(sysfs, device, roce_entries(f"ens{n + 4}", address))
+        make_port_tree(sysfs, device, rate="10 Gb/sec (1X QDR)", hca_type="", pcie=None)
+    return sysfs
+
+
 def test_preflight_passes_with_the_device_the_plugin_hands_and_the_trainer_runs(
         cluster: tuple[ApiServer, ControlPlane], agent_node: Node, pushed_image: str,
         tmp_path: Path) -> None:
@@ -386,11 +407,7 @@ def test_preflight_passes_with_the_device_the_plugin_hands_and_the_trainer_runs(
     server, plane = cluster
     core = k8s.CoreV1Api(server.client("admin"))
     run = tmp_path / "run"
-    # The sysfs view of the device (drivers/infiniband/core/uverbs_main.c, ibdev_show: the
-    # RDMA device's name and a newline); this host's own /sys has no infiniband_verbs.
-    sysfs = tmp_path / "sys"
-    (sysfs / "class" / "infiniband_verbs" / "uverbs0").mkdir(parents=True)
-    (sysfs / "class" / "infiniband_verbs" / "uverbs0" / "ibdev").write_text("rxe0\n")
+    sysfs = fabric_sysfs(tmp_path, {"rxe0": "10.10.0.5"})
     report = Report("node-a", [Finding(FABRIC_READY, "True", "AllConditionsPassed",
                                        "every fabric condition passes")]).as_dict()
     report["rails"] = [{"name": "rail0", "address": "10.10.0.5/24", "rdma_device": "rxe0",
@@ -429,10 +446,81 @@ def test_preflight_passes_with_the_device_the_plugin_hands_and_the_trainer_runs(
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{diagnosis(server, agent_node, plane)}") from exc
         init = status.init_container_statuses[0].state.terminated
-        assert (init.exit_code, init.message) == (0, "preflight: fit\n"), init
+        assert (init.exit_code, init.message) == (
+            0, "preflight: fit (NCCL: IB on rxe0:1 GID 3; TC 0, SL 0)\n"), init
         assert status.phase == "Succeeded", status
         trainer = status.container_statuses[0].state.terminated
         assert trainer is not None and trainer.exit_code == 0, trainer
+
+
+def test_preflight_refuses_a_job_whose_nccl_settings_use_one_of_two_rails(
+        cluster: tuple[ApiServer, ControlPlane], agent_node: Node, pushed_image: str,
+        tmp_path: Path) -> None:
+    """Two rails (rxe0, rxe1), both devices handed by the plugin, the node FabricReady;
+    the job's NCCL_IB_HCA=rxe0 selects one of them, which NCCL would run on at half the
+    bandwidth without an error. The init container exits 1 with the line (Init:Error, the
+    trainer never starts); the same pod with --allow-partial-rails passes."""
+    from nodeagent.model import FABRIC_READY, Finding, Report
+
+    server, plane = cluster
+    core = k8s.CoreV1Api(server.client("admin"))
+    run = tmp_path / "run"
+    sysfs = fabric_sysfs(tmp_path, {"rxe0": "10.10.0.5", "rxe1": "10.11.0.5"})
+    report = Report("node-a", [Finding(FABRIC_READY, "True", "AllConditionsPassed",
+                                       "every fabric condition passes")]).as_dict()
+    report["rails"] = [{"name": f"rail{n}", "address": f"10.1{n}.0.5/24",
+                        "rdma_device": f"rxe{n}", "rdma_port": 1, "gid_index_pinned": 3}
+                       for n in (0, 1)]
+    limits = {"resources": {"limits": {RESOURCE: "1"}}}
+    nccl = [{"name": "NCCL_IB_HCA", "value": "rxe0"}]
+
+    def pod(name: str, *extra: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {
+            "nodeName": "node-a", "restartPolicy": "Never", "hostNetwork": True,
+            "tolerations": [{"operator": "Exists"}],
+            "initContainers": [{
+                "name": "nodeagent-preflight", "image": pushed_image, **limits, "env": nccl,
+                "args": ["preflight", "--resource", RESOURCE, "--sysfs", "/fabric-sys",
+                         *extra],
+                "volumeMounts": [
+                    {"name": "run", "mountPath": "/run/nodeagent", "readOnly": True},
+                    {"name": "sys", "mountPath": "/fabric-sys", "readOnly": True}]}],
+            "containers": [{"name": "trainer", "image": pushed_image, "args": ["--version"],
+                            **limits, "env": nccl}],
+            "volumes": [
+                {"name": "run", "hostPath": {"path": str(run), "type": "Directory"}},
+                {"name": "sys", "hostPath": {"path": str(sysfs), "type": "Directory"}}]}}
+    names = ("train-one-rail", "train-one-rail-allowed")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(status_writer(run, report))
+        for name, extra in zip(names, ((), ("--allow-partial-rails",)), strict=True):
+            core.create_namespaced_pod("default", pod(name, *extra))  # type: ignore[arg-type]
+
+        def delete_pods() -> None:
+            for name in names:
+                with contextlib.suppress(k8s.ApiException):
+                    core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        stack.callback(delete_pods)
+
+        def ended() -> Any:
+            got = [core.read_namespaced_pod(n, "default").status for n in names]
+            return got if all(g.phase in ("Succeeded", "Failed") for g in got) else None
+        try:
+            refused, allowed = wait_for(ended, 180, "both pods to end")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnosis(server, agent_node, plane)}") from exc
+        init = refused.init_container_statuses[0].state.terminated
+        assert (init.exit_code, init.reason, init.message) == (
+            1, "Error", "preflight: nccl: NCCL would use 1 of 2 rails, not rail1 (rxe1:1) "
+            "(rxe1:1 is not in NCCL_IB_HCA=rxe0): the job trains at a fraction of the "
+            "bandwidth; select every rail, or pass --allow-partial-rails\n"), init
+        trainer = refused.container_statuses[0].state
+        assert trainer.running is None and trainer.terminated is None, trainer
+        assert refused.phase == "Failed", refused
+        init = allowed.init_container_statuses[0].state.terminated
+        assert (init.exit_code, init.message) == (
+            0, "preflight: fit (NCCL: IB on rxe0:1 GID 3; TC 0, SL 0)\n"), init
+        assert allowed.phase == "Succeeded", allowed
 
 
 def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
@@ -494,7 +582,8 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
             "resources.limits",
             "preflight: node: node node-a is not fabric-ready: FabricReady (RuleMissing): "
             "RoCENetworkReady=False (RuleMissing)",
-            "preflight: env: NCCL_NET=Socket forces sockets: remove it, or set NCCL_NET=IB"], done
+            "preflight: nccl: NCCL would use TCP sockets, not the rails: NCCL_NET=Socket forces "
+            "TCP sockets: remove it, or set NCCL_NET=IB"], done
         trainer = status.container_statuses[0]
         assert trainer.state.running is None and trainer.state.terminated is None, trainer
 
@@ -536,7 +625,10 @@ def test_kueue_evicts_and_requeues_a_gang_whose_preflight_fails_never_half_runni
                  "a preflight's verdict in its pod's termination message")
         assert gang.preflight_said == {
             f"preflight: devices: no RDMA device in this container: request {RESOURCE} in "
-            "resources.limits\n"}, gang.preflight_said
+            "resources.limits\npreflight: nccl: NCCL would use TCP sockets, not the rails: no "
+            "ACTIVE RDMA port here: NCCL falls back to TCP sockets without an error; request "
+            "the RDMA resource\n"}, \
+            gang.preflight_said
 
         def requeued() -> Any:
             wl = gang.workload() or {}

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodeagent.checks.conditions import judge_pass
+from nodeagent.checks.facts import Facts
 from nodeagent.checks.nccl import (
     IfList,
     NcclEnv,
@@ -25,9 +27,21 @@ from nodeagent.checks.nccl import (
     strtoll0,
     with_conf_files,
 )
-from nodeagent.model import GidSlot, NodeRail, PortView
+from nodeagent.config import Config, parse_config
+from nodeagent.model import (
+    FABRIC_READY,
+    NCCL_DEFAULT_GID_PINNED,
+    GidEntry,
+    GidSlot,
+    GidTable,
+    GidType,
+    NodeRail,
+    Pin,
+    PortView,
+)
 from nodeagent.probes.container import read_port_views
-from tests.kit.helpers import make_gid_tree, make_port_tree
+from nodeagent.probes.gid import read_sysfs
+from tests.kit.helpers import make_gid_tree, make_port_tree, roce_entries
 
 V1, V2 = "IB/RoCE v1", "RoCE v2"
 
@@ -369,3 +383,61 @@ def test_any_environment_gives_a_plan_never_an_exception(env: dict[str, str]) ->
     plan = predict(NcclEnv.read(env), WITH_STORAGE, ["lo", "eth0"])
     nccl_problems(plan, RAILS, WITH_STORAGE)
     assert plan.network in ("IB", "Socket", "fails") or plan.network == env.get("NCCL_NET")
+
+
+# ---------------------------------------------------------------- the daemon's view
+
+
+def rail_config(root: Path, gate: bool) -> Config:
+    return parse_config({"paths": {"sysfs": str(root)}, "gid_source": "sysfs",
+                         "nccl": {"gate": gate}, "rails": [
+                             {"name": "rail0", "interface": "r0", "address": "10.10.0.5/24",
+                              "rdma_device": "mlx5_0"}]})
+
+
+def test_the_daemon_says_what_nccls_default_picks_and_names_a_vip_below_the_pin(
+        tmp_path: Path) -> None:
+    """The rail's GIDs read from sysfs by the agent's own reader: with a VIP's pair below
+    the rail's, NCCL's default is 3 while the pin is 5; the condition says so with the fix,
+    gates FabricReady only with nccl.gate, and each rail's status carries the index."""
+    make_gid_tree(tmp_path, "mlx5_0", [*roce_entries("r0", "10.10.0.100"),
+                                       (4, "::ffff:10.10.0.5", V1, "r0"),
+                                       (5, "::ffff:10.10.0.5", V2, "r0")])
+    facts = Facts(now=0.0, gid_table=read_sysfs(tmp_path),
+                  pins={"rail0": Pin(5, "mlx5_0", 1, learned=True)})
+    for gate in (False, True):
+        report = judge_pass(rail_config(tmp_path, gate), facts)
+        got = {f.type: f for f in report.findings}
+        nccl = got[NCCL_DEFAULT_GID_PINNED]
+        assert (nccl.status, nccl.reason, nccl.message) == (
+            "False", "NCCLDefaultNotPinned",
+            "rail0: NCCL with default settings would use mlx5_0:1 GID 3 (IPv4 10.10.0.100, "
+            "RoCE v2), not the pinned GID 5 (10.10.0.5): jobs must set NCCL_IB_GID_INDEX=5 "
+            "or NCCL_IB_ADDR_RANGE=10.10.0.0/24")
+        assert report.rails[0].as_dict()["nccl_default_gid_index"] == 3
+        assert (got[FABRIC_READY].reason == "NCCLDefaultNotPinned") is gate
+    make_gid_tree(tmp_path, "mlx5_0", roce_entries("r0", "10.10.0.5"))
+    facts = Facts(now=0.0, gid_table=read_sysfs(tmp_path),
+                  pins={"rail0": Pin(3, "mlx5_0", 1, learned=True)})
+    nccl = next(f for f in judge_pass(rail_config(tmp_path, True), facts).findings
+                if f.type == NCCL_DEFAULT_GID_PINNED)
+    assert (nccl.status, nccl.reason, nccl.message) == (
+        "True", "NCCLDefaultIsPinned",
+        "NCCL with default settings uses each rail's pinned GID: rail0 mlx5_0:1 GID 3")
+    unpinned = judge_pass(rail_config(tmp_path, True), Facts(now=0.0, gid_table=read_sysfs(
+        tmp_path)))
+    assert next(f for f in unpinned.findings if f.type == NCCL_DEFAULT_GID_PINNED).status \
+        in ("True", "Unknown")
+
+
+def test_without_the_section_no_condition_but_the_status_still_says() -> None:
+    cfg = parse_config({"rails": [{"name": "rail0", "interface": "r0",
+                                   "address": "10.10.0.5/24"}]})
+    table = GidTable("sysfs", tuple(
+        GidEntry("mlx5_0", 1, i, g, t, "r0") for i, g, t in (
+            (0, "fe80::1", GidType.IB_ROCE_V1), (1, "fe80::1", GidType.ROCE_V2),
+            (2, "::ffff:10.10.0.5", GidType.IB_ROCE_V1),
+            (3, "::ffff:10.10.0.5", GidType.ROCE_V2))))
+    report = judge_pass(cfg, Facts(now=0.0, gid_table=table))
+    assert NCCL_DEFAULT_GID_PINNED not in {f.type for f in report.findings}
+    assert report.rails[0].nccl_default_gid_index == 3

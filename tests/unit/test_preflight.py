@@ -65,7 +65,7 @@ def test_nccl_problems_join_the_others() -> None:
     assert judge_preflight(facts(env={"NCCL_IB_HCA": "=mlx5_0"}, allow_partial=True)) == []
     assert [u.line() for u in judge_preflight(PreflightFacts(READY, DEVICES, {}))] == [
         "nccl: NCCL would use TCP sockets, not the rails: no ACTIVE RDMA port here: NCCL "
-        "falls back to TCP sockets without an error"]
+        "falls back to TCP sockets without an error; request the RDMA resource"]
 
 
 def test_nccl_conf_files_fill_the_environment(tmp_path: Path) -> None:
