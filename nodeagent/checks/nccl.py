@@ -72,6 +72,13 @@ def strtoll0(text: str) -> tuple[int, bool]:
     return value, False
 
 
+# A value strtoll(…, 0) reads as non-zero, as an RE2 pattern (the admission policy's CEL
+# `matches`, rendered from this; a test holds it to strtoll0): blanks, a sign, then hex
+# with a non-zero digit, octal with a non-zero digit, or decimal 1-9. (One difference: a
+# number out of range, which NCCL reads as its default 0, matches.)
+NONZERO_INT_RE = r"^[ \t\n\v\f\r]*[+-]?(0[xX]0*[1-9a-fA-F]|0[0-7]*[1-7]|[1-9])"
+
+
 def nccl_int(env: Mapping[str, str], name: str, default: int) -> int:
     """An integer variable as `ncclLoadParam` reads it."""
     text = env.get(name)

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from nodeagent.checks.conditions import CONDITION_TYPES
+from nodeagent.checks.nccl import NONZERO_INT_RE
 from nodeagent.config import Config, DevicePlugin, Kubernetes
 
 MANIFESTS = ("namespace.yaml", "rbac.yaml", "admission-policy.yaml", "job-policy.yaml")
@@ -33,6 +34,8 @@ def render(cfg: Config) -> dict[str, str]:
         # may publish, whichever sections a node's config turns on.
         # One per line, under the template's folded scalar (CamelCase: nothing to escape).
         "condition_types": "[" + ",\n         ".join(f"'{t}'" for t in CONDITION_TYPES) + "]",
+        # NCCL_IB_DISABLE as NCCL reads it (strtoll, base 0): the CEL string of the pattern.
+        "nccl_nonzero": f"'{NONZERO_INT_RE}'",  # CEL's escapes are the pattern's
         "taint_key": taint.key if taint else "",
         "may_cordon": "true" if taint else "false",
         "taint_scope": f"its taint {taint.key}" if taint else "no taint at all (conditions only)",

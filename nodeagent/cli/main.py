@@ -128,6 +128,14 @@ def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) ->
             print(f"      {p(problem)}")
         if more:
             print(f"      ... and {more} more (--json has them all)")
+    for r in data.get("rails", [])[:MAX_LISTED]:
+        # Not a condition without an nccl section, but what a job without
+        # NCCL_IB_GID_INDEX will meet on this node: said before any job runs.
+        default, pinned = r.get("nccl_default_gid_index"), r.get("gid_index_pinned")
+        if default is not None and pinned is not None and default != pinned:
+            print(f"note: {p(r['name'])}: NCCL with default settings would pick GID "
+                  f"{default}, not the pinned {pinned}: jobs must set "
+                  f"NCCL_IB_GID_INDEX={pinned} (or NCCL_IB_ADDR_RANGE)")
     if data.get("actions"):
         print("would run:" if dry_run else "repaired:")
         for a in data["actions"][:MAX_LISTED]:

@@ -118,6 +118,27 @@ def test_an_nccl_variable_that_turns_rdma_off_is_refused(
     assert create(core, spaces["gated"], pod("env-ok", {GPU: "8", RDMA: "1"}, fine)) is None
 
 
+# NCCL_IB_DISABLE as NCCL reads it (strtoll base 0, tests/unit/test_nccl_prediction): each
+# value is refused exactly when NCCL would turn NET/IB off, and the preflight agrees.
+DISABLE_VALUES = ["1", "010", "1abc", "1e3", "-1", "0x1", " 1", "0", "00", "0x0", "true",
+                  "08", "", "no"]
+
+
+def test_nccl_ib_disable_is_refused_exactly_when_nccl_reads_it_as_nonzero(
+        apiserver: ApiServer, spaces: dict[str, str]) -> None:
+    from nodeagent.checks.nccl import nccl_int
+
+    core = k8s.CoreV1Api(apiserver.client("admin"))
+    got, want = {}, {}
+    for n, value in enumerate(DISABLE_VALUES):
+        refused = create(core, spaces["gated"], pod(f"disable-{n}", {GPU: "8", RDMA: "1"},
+                                                    {"NCCL_IB_DISABLE": value}))
+        got[value] = refused is not None
+        want[value] = nccl_int({"NCCL_IB_DISABLE": value}, "NCCL_IB_DISABLE", 0) != 0
+    assert got == want
+    assert sum(want.values()) == 7  # the table has both kinds
+
+
 def test_a_namespace_that_did_not_opt_in_is_untouched(apiserver: ApiServer,
                                                      spaces: dict[str, str]) -> None:
     core = k8s.CoreV1Api(apiserver.client("admin"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from nodeagent.checks.conditions import judge_pass
 from nodeagent.checks.facts import Facts
 from nodeagent.checks.nccl import (
+    NONZERO_INT_RE,
     IfList,
     NcclEnv,
     c_atoi,
@@ -441,3 +443,24 @@ def test_without_the_section_no_condition_but_the_status_still_says() -> None:
     report = judge_pass(cfg, Facts(now=0.0, gid_table=table))
     assert NCCL_DEFAULT_GID_PINNED not in {f.type for f in report.findings}
     assert report.rails[0].nccl_default_gid_index == 3
+
+
+def test_check_notes_a_rail_whose_nccl_default_is_not_its_pin(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from nodeagent.cli.main import _print_report
+
+    rails = [{"name": "rail0", "gid_index_pinned": 5, "nccl_default_gid_index": 3},
+             {"name": "rail1", "gid_index_pinned": 3, "nccl_default_gid_index": 3}]
+    _print_report({"node": "gpu-05", "ok": True, "conditions": [], "rails": rails}, False)
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "note: rail0: NCCL with default settings would pick GID 3, not the pinned 5: jobs "
+        "must set NCCL_IB_GID_INDEX=5 (or NCCL_IB_ADDR_RANGE)"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=" \t\v+-0123456789abcdefxXABCDEFg8", max_size=16))
+def test_the_admission_policys_pattern_is_strtolls_nonzero(text: str) -> None:
+    """deploy/job-policy.yaml refuses NCCL_IB_DISABLE by this pattern (rendered from it)."""
+    value, out_of_range = strtoll0(text)
+    if not out_of_range:
+        assert (re.match(NONZERO_INT_RE, text) is not None) == (value != 0), text
