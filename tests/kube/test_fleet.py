@@ -15,6 +15,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from nodeagent.checks.conditions import CONDITIONS, FABRIC
 from nodeagent.cli.fleet import add_arguments, fleet_rows, render_table, run
 from nodeagent.cli.main import main
 from nodeagent.kube.api import Counters, call
@@ -119,9 +120,11 @@ def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], t
     assert main(["fleet", "--kubeconfig", kubeconfig(apiserver, tmp_path), "-l",
                  "fabric=true", "-o", "wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["NODE", "FABRIC", "REASON", "NET", "GID", "PLUGIN", "LUSTRE",
-                                "TRAFFIC", "HW", "CUSTOM", "TRANSPORT", "REACH", "TAINT",
-                                "SINCE", "HEARTBEAT", "RDMA", "PEERS", "FLAGS"]
+    # A column per registered condition, in the registry's order (FabricReady has its own).
+    columns = [c.column for c in CONDITIONS if c is not FABRIC]
+    assert lines[0].split() == ["NODE", "FABRIC", "REASON", *columns, "TAINT", "SINCE",
+                                "HEARTBEAT", "RDMA", "PEERS", "FLAGS"]
+    assert columns[-1] == "NCCL"
     flagged = [line.split()[0] for line in lines[1:5]]
     assert sorted(flagged) == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
     row1 = next(line for line in lines if line.startswith("fleet-1 "))
