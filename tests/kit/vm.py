@@ -38,6 +38,9 @@ PACKAGES = [
     "python3-systemd", "python3-apt", "network-manager", "dbus", "libpam-systemd", "openssh-server",
     "python3-pip",  # what the role's first play installs (nodeagent_os_packages), baked in
     "nftables",  # the peer scenarios drop RoCE (UDP 4791) while TCP passes
+    # A real communication library in place of NCCL (no GPU here): Open MPI over UCX, an
+    # all-reduce from mpi4py; perftest's ib_write_bw as an oracle no one here wrote.
+    "openmpi-bin", "python3-mpi4py", "ucx-utils", "perftest",
 ]
 MGMT_MAC = "52:54:00:00:00:01"
 RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02",
