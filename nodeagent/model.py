@@ -330,6 +330,23 @@ class QueuePairs:
 
 
 @dataclass(frozen=True)
+class RDMAVolume:
+    """RDMA traffic through a port, both directions: packets, and bytes with headers."""
+
+    packets: int = 0
+    bytes: int = 0
+
+    def __add__(self, other: RDMAVolume) -> RDMAVolume:
+        return RDMAVolume(self.packets + other.packets, self.bytes + other.bytes)
+
+    def __mul__(self, times: int) -> RDMAVolume:
+        return RDMAVolume(self.packets * times, self.bytes * times)
+
+    def most(self, other: RDMAVolume) -> RDMAVolume:
+        return RDMAVolume(max(self.packets, other.packets), max(self.bytes, other.bytes))
+
+
+@dataclass(frozen=True)
 class RailCounters:
     """A rail's byte counters at one moment (None: not readable)."""
 
@@ -344,6 +361,10 @@ class RailCounters:
     # still show whether RDMA moves at all: their packet counters.
     rdma_tx_packets: int | None = None
     rdma_rx_packets: int | None = None
+    # The agent's own probes' share of the RDMA counters so far (an upper bound, counted out
+    # of the traffic verdict) and the largest one probe charged (one may straddle a sample).
+    own_rdma: RDMAVolume = field(default_factory=RDMAVolume)
+    own_rdma_largest: RDMAVolume = field(default_factory=RDMAVolume)
 
 
 @dataclass(frozen=True)
@@ -408,6 +429,7 @@ class TransportResult:
     seconds: float = 0.0
     gid_index: int | None = None
     at: float = 0.0  # when it ran (monotonic), set by whoever ran it
+    moved: RDMAVolume = field(default_factory=RDMAVolume)  # at most, on the port
 
 
 class PeerOutcome(Words):
@@ -436,6 +458,7 @@ class PeerProbe:
     mtu: int | None = None  # the path MTU the QP used (bytes), once set up
     at: float = 0.0  # when it ran (monotonic)
     bandwidth_gbps: float | None = None  # the bandwidth sample, on the probes that take it
+    moved: RDMAVolume = field(default_factory=RDMAVolume)  # at most, on the port
 
     @property
     def label(self) -> str:

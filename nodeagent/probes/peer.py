@@ -18,11 +18,11 @@ import contextlib
 import random
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model import PeerOutcome, PeerProbe, RailEndpoint
+from nodeagent.model import PeerOutcome, PeerProbe, RailEndpoint, RDMAVolume
 from nodeagent.probes.peerwire import (
     MTUS,
     REPLY_SIZE,
@@ -40,6 +40,7 @@ from nodeagent.probes.transport import (
     connect_rc,
     open_device,
 )
+from nodeagent.probes.volume import RC_ATTEMPTS, rdma_read
 
 SMALL = 64  # bytes per RTT read
 BUFFER = 4096  # what a responder lends for reads: the largest IB MTU
@@ -57,6 +58,16 @@ def mtu_bytes(ibv_mtu: int) -> int:
 
 def ibv_mtu(size: int) -> int:
     return MTUS.index(size) + 1
+
+
+def probe_volume(reads: int, mtu: int, length: int = BUFFER,
+                 bandwidth: bool = False) -> RDMAVolume:
+    """The most one probe moves once its QP is up (probes/volume.py): the small reads,
+    the read of one path MTU, and the bandwidth sample when taken."""
+    moved = rdma_read(SMALL, mtu) * reads + rdma_read(min(mtu, length), mtu)
+    if bandwidth:
+        moved += rdma_read(length, mtu) * SAMPLE_READS
+    return moved
 
 
 def gid_text(raw: bytes) -> str:
@@ -253,6 +264,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
     rtts: list[float] = []
     mtu: int | None = None
     gbps: float | None = None
+    moved = RDMAVolume()
     try:
         try:
             qp = end.new_qp()
@@ -260,6 +272,8 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
             raise _Failed(PeerOutcome.LOCAL, f"QP: {one_line(exc)}") from exc
         psn = random.randrange(1 << 24)
         sock, accept = _handshake(end, qp, address, port, deadline, psn)
+        # Never more than our own buffer holds, whatever the responder offers.
+        accept = replace(accept, length=max(1, min(accept.length, BUFFER)))
         mtu = accept.mtu
         from pyverbs.addr import GID
 
@@ -268,6 +282,8 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
                        remote_psn=accept.psn, local_psn=psn, mtu=ibv_mtu(accept.mtu))
         except ProbeFailed as failed:
             raise _Failed(PeerOutcome.LOCAL, str(failed)) from failed
+        # Charged as planned, with every retry if it fails (a bound, not a count).
+        moved = probe_volume(reads, accept.mtu, accept.length, bandwidth)
         for i in range(reads):
             rtts.append(_read(end, qp, accept, SMALL, i, deadline))
         try:
@@ -283,12 +299,14 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         outcome, error = PeerOutcome.OK, ""
     except _Failed as failed:
         outcome, error = failed.outcome, failed.error
+        moved = moved * RC_ATTEMPTS
     except Exception as exc:  # pyverbs raises its own errors from any call
         outcome, error = PeerOutcome.LOCAL, one_line(exc)
+        moved = moved * RC_ATTEMPTS
     finally:
         if qp is not None:
             end.drop_qp(qp)
         if sock is not None:
             sock.close()
     return PeerProbe(rail, address, node, outcome, error, tuple(rtts), mtu,
-                     at=time.monotonic(), bandwidth_gbps=gbps)
+                     at=time.monotonic(), bandwidth_gbps=gbps, moved=moved)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model import TransportResult
+from nodeagent.model import RDMAVolume, TransportResult
 from nodeagent.model import TransportStep as Step
+from nodeagent.probes.volume import RC_ATTEMPTS, rdma_send
 
 SIZE = 64  # bytes per latency message
 BURST = 16  # messages in flight in the bandwidth sample
@@ -226,9 +227,18 @@ def _measure(pair: _Pair, messages: int, deadline: float) -> _Figures:
     return _Figures(latencies, time.perf_counter() - t0)
 
 
+def probe_volume(messages: int) -> RDMAVolume:
+    """The most one probe moves through its port once its QPs are connected (at the
+    default path MTU, 1024): both QPs are on the one port, so each packet counts twice,
+    sent and received."""
+    sends = rdma_send(SIZE, 1024) * messages + rdma_send(CHUNK, 1024) * (BURST // 2)
+    return sends * 2
+
+
 def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
                messages: int = 100, timeout: float = 10.0) -> TransportResult:
     started = time.monotonic()
+    moved = RDMAVolume()
     try:
         import pyverbs.enums  # noqa: F401  every step below needs the distro's pyverbs
     except ImportError as exc:
@@ -238,13 +248,16 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
         gid = _open(pair, device, port, gid_index, address)
         _allocate(pair, 2)
         _connect(pair, port, gid, gid_index)
+        moved = probe_volume(messages)
         got = _measure(pair, messages, started + timeout)
     except ProbeFailed as failed:
         return TransportResult(rail, False, failed.step, failed.error,
-                               seconds=time.monotonic() - started, gid_index=gid_index)
+                               seconds=time.monotonic() - started, gid_index=gid_index,
+                               moved=moved * RC_ATTEMPTS)
     except Exception as exc:  # pyverbs raises its own errors from any call
         return TransportResult(rail, False, Step.VERBS, one_line(exc),
-                               seconds=time.monotonic() - started, gid_index=gid_index)
+                               seconds=time.monotonic() - started, gid_index=gid_index,
+                               moved=moved * RC_ATTEMPTS)
     finally:
         pair.close()
     lat = got.latencies_us
@@ -252,4 +265,4 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
     return TransportResult(
         rail, True, messages=messages, latency_p50_us=statistics.median(lat),
         latency_p99_us=cuts[98], bandwidth_gbps=(BURST // 2) * CHUNK * 8 / got.burst_seconds / 1e9,
-        seconds=time.monotonic() - started, gid_index=gid_index)
+        seconds=time.monotonic() - started, gid_index=gid_index, moved=moved)

@@ -117,7 +117,7 @@ class Agent:
         self.evaluator: Evaluator | None = None  # made in run(), once netlink is open
         self.notifier = Notifier()
         self.reloader = ConfigReloader(reload, self.work.put)
-        self.sources = Sources(self.work.put)
+        self.sources = Sources(self.work.put, self.store.own_rdma)
         self.record = PassRecord()
 
     # ------------------------------------------------------------ configuration

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.checks.conditions import judge_pass
@@ -564,7 +564,9 @@ class Evaluator:
                 errors.append(f"{rail.label}: counters {got.describe()}")
                 store.counters.pop(rail.name, None)
             else:
-                store.counters[rail.name] = got
+                total, largest = store.own_rdma.so_far(rail.name)
+                store.counters[rail.name] = replace(got, own_rdma=total,
+                                                    own_rdma_largest=largest)
         self.timings["counters"] = time.perf_counter() - started
         if cfg.fabric_traffic is not None:
             store.traffic.observe(self.clock(), cfg.fabric_traffic.window, store.counters)

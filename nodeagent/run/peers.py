@@ -26,6 +26,7 @@ from nodeagent.model import PeerOutcome, PeerProbe, PeerRef, RailEndpoint, Targe
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.probes.transport import ProbeFailed
 from nodeagent.run.discovery import Discovered, PeerDiscovery
+from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.responder import Responder, Served
 from nodeagent.run.work import Deliver
 
@@ -71,10 +72,11 @@ def served_rails(cfg: Config, listing: Listing, targets: Targets) -> dict[str, S
 class PeerProber(Periodic):
     """One round: every ready rail's peers probed in turn, delivered together."""
 
-    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+    def __init__(self, cfg: Config, deliver: Deliver, own_rdma: OwnRDMA | None = None) -> None:
         super().__init__("peer-probe")
         self.cfg = cfg
         self.deliver = deliver
+        self.own_rdma = own_rdma or OwnRDMA()
         self.targets: Targets | None = None
         self._ends: dict[str, RailEnd] = {}
         # Rounds not handed over yet (quiet ones are batched), and the last outcomes.
@@ -156,8 +158,10 @@ class PeerProber(Periodic):
             count = self._probed[(rail, p.address)] = self._probed.get((rail, p.address),
                                                                           -1) + 1
             every = peers.bandwidth_every
-            out.append(probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
-                                  peers.timeout, bandwidth=bool(every) and count % every == 0))
+            got = probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
+                             peers.timeout, bandwidth=bool(every) and count % every == 0)
+            self.own_rdma.charge(rail, got.moved)
+            out.append(got)
         return out
 
     def _close_ends(self, keep: dict[str, RailEndpoint]) -> None:
@@ -180,8 +184,9 @@ def _hold(peers: Peers) -> float:
     return 2 * peers.timeout + 1.0  # a prober's whole probe, and then some
 
 
-def _responder(peers: Peers) -> Responder:
-    return Responder(peers.port, hold=_hold(peers))
+def _responder(peers: Peers, own_rdma: OwnRDMA) -> Responder:
+    return Responder(peers.port, hold=_hold(peers), own_rdma=own_rdma,
+                     plan=(peers.reads, peers.bandwidth_every))
 
 
 def _discovers(cfg: Config) -> bool:
@@ -192,14 +197,15 @@ class PeerService:
     """The source: a responder, a prober and (with `peers.discover`) the discovery thread,
     started and stopped together."""
 
-    def __init__(self, cfg: Config, deliver: Deliver,
+    def __init__(self, cfg: Config, deliver: Deliver, own_rdma: OwnRDMA | None = None,
                  discovery: Callable[[Config, Callable[[Discovered], None]],
                                      PeerDiscovery] = PeerDiscovery) -> None:
         peers = cfg.peers
         assert peers is not None
         self.cfg = cfg
-        self.responder = _responder(peers)
-        self.prober = PeerProber(cfg, deliver)
+        self.own_rdma = own_rdma or OwnRDMA()
+        self.responder = _responder(peers, self.own_rdma)
+        self.prober = PeerProber(cfg, deliver, self.own_rdma)
         self._new_discovery = discovery
         self.discovery: PeerDiscovery | None = None
         self.found: Discovered | None = None
@@ -251,8 +257,10 @@ class PeerService:
                                                                 self.responder.hold):
             self.responder.stop()
             self.responder.join(timeout=5)
-            self.responder = _responder(peers)
+            self.responder = _responder(peers, self.own_rdma)
             self.responder.start()
+        elif peers is not None:
+            self.responder.plan = (peers.reads, peers.bandwidth_every)
         self._sync_discovery(old)
         self._relist()
         self._serve()

@@ -34,7 +34,7 @@ from typing import Any
 
 from nodeagent.io.files import one_line
 from nodeagent.model import RailEndpoint
-from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes
+from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes, probe_volume
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
     Accept,
@@ -46,6 +46,7 @@ from nodeagent.probes.peerwire import (
     parse_hello,
 )
 from nodeagent.probes.transport import connect_rc
+from nodeagent.run.own_rdma import OwnRDMA
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +104,15 @@ class ResponderCounts:
 
 
 class Responder(threading.Thread):
-    def __init__(self, port: int, hold: float) -> None:
+    def __init__(self, port: int, hold: float, own_rdma: OwnRDMA | None = None,
+                 plan: tuple[int, int] = (5, 60)) -> None:
         super().__init__(name="peer-responder", daemon=True)
         self.port = port
         self.hold = hold
+        # The probers' reads and bandwidth_every (a fleet shares one peers section): what a
+        # served probe is charged to the rail's own RDMA.
+        self.own_rdma = own_rdma or OwnRDMA()
+        self.plan = plan
         self.counts = ResponderCounts()
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -319,6 +325,9 @@ class Responder(threading.Thread):
             return
         self.counts.accepted += 1
         self.counts.answered[conn.peer] += 1
+        reads, every = self.plan
+        sampled = bool(every) and (self.counts.answered[conn.peer] - 1) % every == 0
+        self.own_rdma.charge(conn.rail, probe_volume(reads, mtu, BUFFER, sampled))
         conn.deadline = time.monotonic() + self.hold
 
     def _refuse_conn(self, conn: _Conn, why: Refusal) -> None:

@@ -18,6 +18,7 @@ from nodeagent.run.custom import CustomChecksMonitor
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
+from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.transport import TransportMonitor
 from nodeagent.run.work import (
     Aim,
@@ -61,8 +62,9 @@ def look_once(cfg: Config, repair: bool) -> tuple[list[LustreSeen | PluginSeen |
 
 
 class Sources:
-    def __init__(self, deliver: Deliver) -> None:
+    def __init__(self, deliver: Deliver, own_rdma: OwnRDMA | None = None) -> None:
         self.deliver = deliver
+        self.own_rdma = own_rdma or OwnRDMA()  # what the probes move, charged by them
         self.started: list[Source] = []  # stopped in this order at the end
         self.netlink: NetlinkMonitor | None = None
         self.gid_watcher: GidSlotWatcher | None = None
@@ -125,12 +127,12 @@ class Sources:
             self.custom = CustomChecksMonitor(cfg, self.deliver)
             self._start(self.custom)
         if cfg.transport is not None and self.transport is None:
-            self.transport = TransportMonitor(cfg, self.deliver)
+            self.transport = TransportMonitor(cfg, self.deliver, self.own_rdma)
             self._start(self.transport)
         if cfg.peers is not None and self.peers is None:
             from nodeagent.run.peers import PeerService
 
-            self.peers = PeerService(cfg, self.deliver)
+            self.peers = PeerService(cfg, self.deliver, self.own_rdma)
             self._start(self.peers)
         if cfg.rails and self.gid_watcher is None:
             self.gid_watcher = GidSlotWatcher(cfg.paths.sysfs, self.deliver)

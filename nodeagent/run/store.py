@@ -28,6 +28,7 @@ from nodeagent.model import (
     RailCounters,
     RailObservation,
 )
+from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.rails import RailHistory
 from nodeagent.state import load_pins, save_pins
 
@@ -42,6 +43,7 @@ class FactStore:
     qps: QueuePairs | None = None  # looked at only while a GID is shifted
     counters: dict[str, RailCounters] = field(default_factory=dict)
     traffic: TrafficTracker = field(default_factory=TrafficTracker)  # kernel vs RDMA bytes
+    own_rdma: OwnRDMA = field(default_factory=OwnRDMA)  # the probes' share, charged by them
     ports: dict[str, PortHealth] = field(default_factory=dict)  # with a hardware section
     error_rates: ErrorRates = field(default_factory=ErrorRates)
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint

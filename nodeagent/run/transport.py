@@ -17,6 +17,7 @@ from nodeagent.config import Config, Transport
 from nodeagent.io.periodic import Periodic
 from nodeagent.model import Targets, TransportResult
 from nodeagent.probes.transport import probe_rail
+from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.work import Deliver
 
 
@@ -38,10 +39,11 @@ class TransportMonitor(Periodic):
     """The transport source: probes every target rail each `probe_interval`, and at once
     when the loop wakes it (new targets)."""
 
-    def __init__(self, cfg: Config, deliver: Deliver) -> None:
+    def __init__(self, cfg: Config, deliver: Deliver, own_rdma: OwnRDMA | None = None) -> None:
         super().__init__("transport-probe")
         self.cfg = cfg
         self.deliver = deliver
+        self.own_rdma = own_rdma or OwnRDMA()
         self.targets: Targets | None = None  # the loop's, after each pass (retarget)
 
     def retarget(self, targets: Targets) -> None:
@@ -52,6 +54,8 @@ class TransportMonitor(Periodic):
         if tr is None or targets is None:
             return 1.0
         seen = probe_targets(targets, tr, lambda: self.halted)
+        for rail, result in seen.results.items():
+            self.own_rdma.charge(rail, result.moved)
         if not self.halted:
             self.deliver(seen)
         return tr.probe_interval

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from nodeagent.checks.traffic import (
+    TrafficDeltas,
     TrafficTracker,
     TrafficWindow,
     fabric_consumers,
@@ -15,7 +16,8 @@ from nodeagent.checks.traffic import (
 )
 from nodeagent.config import Config, parse_config
 from nodeagent.kube.objects import parse_pod
-from nodeagent.model import RailCounters
+from nodeagent.model import RailCounters, RDMAVolume
+from nodeagent.probes import peer, transport
 from nodeagent.probes.counters import read_rail_counters
 
 MiB = 1 << 20
@@ -111,12 +113,62 @@ def test_counter_reset_starts_over(tmp_path: Path) -> None:
         "Measuring", "TrafficNotOnFabric", "Measuring", "Measuring"]
 
 
+def soft_roce(kernel: int, packets: int, own: RDMAVolume,
+              largest: RDMAVolume) -> dict[str, RailCounters]:
+    """A soft-RoCE rail: packet counters only (hw_counters/sent_pkts, rcvd_pkts)."""
+    return {"rail0": RailCounters(netdev_tx_bytes=kernel, netdev_rx_bytes=0,
+                                  rdma_device="rxe0", rdma_tx_packets=packets,
+                                  rdma_rx_packets=0, own_rdma=own, own_rdma_largest=largest)}
+
+
+def test_the_agents_own_probes_do_not_pass_a_job_running_over_tcp() -> None:
+    """Found in the lab: with a peers section, the probes' packets were the RDMA traffic
+    that made a job over TCP look on the fabric. Their share is counted out."""
+    cfg, tracker = config(), TrafficTracker()
+    one = peer.probe_volume(reads=5, mtu=4096, bandwidth=True)
+    reasons = []
+    # 60 s of probes both ways (this node's and the peer's: 2 x 60 probes), each charged,
+    # and their packets in the port's counters; 200 MiB through the kernel stack.
+    for now, probes, job in ((0, 0, 0), (60, 120, 0), (120, 240, 0), (180, 360, 50_000)):
+        own = one * probes
+        counters = soft_roce(now * 4 * MiB, own.packets + job, own, one)
+        tracker.observe(now, 60, counters)
+        reasons.append(traffic_finding(cfg, tracker, now, counters, True, "t"))
+    assert [f.reason for f in reasons] == [
+        "Measuring", "TrafficNotOnFabric", "TrafficNotOnFabric", "TrafficOnFabric"]
+    assert f"over RDMA (the agent's probes: at most {one.packets * 120})" in reasons[1].message
+
+
+def test_one_probe_straddling_a_sample_is_allowed_and_no_more() -> None:
+    """A probe's packets may be in the counters before its charge: one probe's worth of
+    RDMA beyond the charges is still no job on the fabric; one packet more is."""
+    one = transport.probe_volume(messages=100)
+    for extra, want in ((one.packets, "TrafficNotOnFabric"),
+                        (one.packets + 1, "TrafficOnFabric")):
+        tracker = TrafficTracker()
+        for now, packets in ((0, 0), (60, extra)):
+            counters = soft_roce(now * 4 * MiB, packets, RDMAVolume(), one)
+            tracker.observe(now, 60, counters)
+        assert traffic_finding(config(), tracker, 60, counters, True, "t").reason == want
+
+
+def test_probe_volumes_are_bounds_of_the_probes_packets() -> None:
+    # A read of 64 bytes: a request and one response; the read of one path MTU: the same.
+    assert peer.probe_volume(reads=1, mtu=1024) == RDMAVolume(2 + 2, 4 * 128 + 64 + 1024)
+    # The sample: 32 reads of the 4 KiB buffer, at MTU 1024 a request and 4 responses each.
+    sample = peer.probe_volume(reads=1, mtu=1024, bandwidth=True)
+    assert sample.packets - peer.probe_volume(reads=1, mtu=1024).packets == 32 * 5
+    # The transport probe's sends: each packet and its ACK, counted sent and received on
+    # the one port: 100 small sends and 8 of 64 KiB at MTU 1024.
+    assert transport.probe_volume(100).packets == 2 * 2 * (100 + 8 * 64)
+
+
 def test_window_spans_exactly_the_configured_time() -> None:
     w = TrafficWindow(60)
     for t in range(0, 200, 10):
         w.add(t, RailCounters(netdev_tx_bytes=t, netdev_rx_bytes=0, rdma_tx_bytes=0,
                               rdma_rx_bytes=0))
-    assert w.deltas(190) == (60, 0)
+    assert w.deltas(190) == TrafficDeltas(60, 0, 0, 0)
     assert w.samples[0][0] == 130
 
 
