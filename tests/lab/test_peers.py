@@ -14,6 +14,7 @@ stopped."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -262,3 +263,153 @@ def test_4g_a_gangs_preflight_passes_over_roce_and_names_the_pair_when_roce_drop
     assert ("preflight: gang: lab-b 10.20.0.2 -> lab 10.20.0.1 on fab0: RoCE fails while "
             "TCP reaches it") in got["lab-b"][1], got
     b.ssh("nft flush ruleset")
+
+
+# ------------------------------------------------------------------ a real library's job
+#
+# Open MPI and UCX (the distro's, in the image) stand in for a training job: a 2-rank
+# all-reduce across the two guests (guest/allreduce.py, each rank started by
+# guest/mpi_rank.sh with UCX pointed at its fab0 rail). Forced onto UCX it runs over RoCE;
+# left to Open MPI's default it takes the TCP path on the same rail, exits 0 and says
+# nothing (its UCX PML only bids for `mlx*` devices: docs/testing.md). The agents name it.
+
+MPIRUN = ("timeout {limit} mpirun --allow-run-as-root -H 10.20.0.1,10.20.0.2 -np 2 {pml}"
+          "--mca plm_rsh_args '-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null' "
+          "--mca oob_tcp_if_include 10.20.0.0/24 --mca btl_tcp_if_include 10.20.0.0/24 "
+          "--mca btl ^openib,uct --mca osc ^ucx -x UCX_LOG_LEVEL=info "
+          "bash /root/guest/mpi_rank.sh {count} {rounds}")
+FORCED_UCX = "--mca pml ucx "
+COUNT, ROUNDS = 1 << 19, 10  # 4 MiB of doubles, 10 rounds: 40 MiB reduced by each rank
+TRAFFIC = "FabricTrafficOnRDMA"
+# Each node's fabric_traffic: a 20 s window, and a job's 40 MiB far over the kernel
+# threshold; passes every 5 s (resync) sample the counters.
+WATCH_TRAFFIC = {"fabric_traffic": {"expect": "always", "window": "20s",
+                                    "min_kernel_bytes": 8 << 20},
+                 "resync_interval": "5s"}
+
+
+def rdma_packets(vm: VM, device: str) -> int:
+    """The soft-RoCE device's packets both ways (it counts no bytes)."""
+    base = f"/sys/class/infiniband/{device}/ports/1/hw_counters"
+    return int(vm.ssh(f"echo $(( $(cat {base}/sent_pkts) + $(cat {base}/rcvd_pkts) ))").stdout)
+
+
+def mpi_job(a: VM, pml: str, limit: int = 120) -> tuple[int, str, float]:
+    """The job launched from the lab guest: exit code, its output, seconds."""
+    started = time.monotonic()
+    res = a.ssh(MPIRUN.format(limit=limit, pml=pml, count=COUNT, rounds=ROUNDS) + " 2>&1",
+                check=False, timeout=limit + 30)
+    return res.returncode, res.stdout, time.monotonic() - started
+
+
+def job_result(out: str) -> dict[str, Any]:
+    line = next((raw for raw in out.splitlines() if raw.startswith('{"ok"')), None)
+    assert line is not None, out[-3000:]
+    got: dict[str, Any] = json.loads(line)
+    return got
+
+
+def traffic_message(vm: VM) -> str:
+    return next((c["message"] for c in status(vm).get("conditions", [])
+                 if c["type"] == TRAFFIC), "")
+
+
+def write_bw(a: VM, b: VM, mtu: int | None = None) -> bool:
+    """perftest's RDMA WRITE between the rails' devices at their pinned GIDs (the oracle):
+    whether it completed."""
+    pins = [str(status(vm)["rails"][0]["gid_index_pinned"]) for vm in (a, b)]
+    size = f" -m {mtu}" if mtu else ""
+    b.ssh("pkill ib_write_bw; (timeout 40 ib_write_bw -d rxe0 -x " + pins[1] + size +
+          " -F -n 100 >/dev/null 2>&1 &)")
+    time.sleep(1)
+    res = a.ssh(f"timeout 30 ib_write_bw -d rxe2 -x {pins[0]}{size} -F -n 100 10.20.0.2",
+                check=False, timeout=60)
+    b.ssh("pkill ib_write_bw", check=False)
+    return res.returncode == 0
+
+
+@pytest.fixture
+def mpi_pair(pair: tuple[VM, VM]) -> Iterator[tuple[VM, VM]]:
+    """The pair, each agent watching fabric use too, and the lab guest able to start ranks
+    on the peer node (mpirun starts them over ssh, with the image's key)."""
+    a, b = pair
+    at_once(*(lambda vm=vm: vm.ssh("systemctl stop nodeagent") for vm in pair))
+    at_once(lambda: start_agent(a, rails=[A_RAIL], peers=peers_of("10.20.0.2", "lab-b"),
+                                **WATCH_TRAFFIC),
+            lambda: start_agent(b, node_name="lab-b", rails=[B_RAIL],
+                                peers=peers_of("10.20.0.1", "lab"), **WATCH_TRAFFIC))
+    a.put(a.image.key, "/root/.ssh/id_ed25519")
+    a.ssh("chmod 600 /root/.ssh/id_ed25519")
+    yield a, b
+    for vm in pair:
+        vm.ssh("pkill -f '[m]pi_rank|[o]rted|[i]b_write_bw'; true", check=False)
+
+
+def test_4h_a_real_jobs_silent_tcp_fallback_is_named_and_forced_onto_ucx_it_uses_roce(
+        mpi_pair: tuple[VM, VM]) -> None:
+    a, b = mpi_pair
+    both_reach_each_other(a, b)
+    assert write_bw(a, b), "perftest's RDMA WRITE fails on the healthy path"
+    # Left to Open MPI's default: ob1 over TCP on the rail, exit 0, the right answer, no
+    # word of it. The agents name it within their window.
+    before = rdma_packets(a, "rxe2")
+    rc, out, took = mpi_job(a, "")
+    ended = time.monotonic()
+    assert rc == 0 and job_result(out)["ok"], out[-3000:]
+    assert "rc_verbs" not in out, out[-3000:]
+    for vm, rail in ((a, "fab0 ens6"), (b, "fab0 ens4")):
+        wait_for(lambda v=vm: condition(v, TRAFFIC) == ("False", "TrafficNotOnFabric"), 60,
+                 "the TCP fallback named")
+        message = traffic_message(vm)
+        # Only the agents' own probes moved RDMA meanwhile, and they are counted out.
+        assert f"{rail}: " in message and "over RDMA (the agent's probes: at most" in message, \
+            message
+    print(f"Open MPI's default over TCP: {took:.1f} s, exit 0; TrafficNotOnFabric on both "
+          f"nodes {time.monotonic() - ended:.1f} s after it ended; rxe2 moved "
+          f"{rdma_packets(a, 'rxe2') - before} packets meanwhile (the probes')")
+    # The same job forced onto UCX: RC over the rail's device, its packets in the counters,
+    # and the verdict clears on them (the TCP job's bytes may still be in the window).
+    before = rdma_packets(a, "rxe2")
+    rc, out, took = mpi_job(a, FORCED_UCX)
+    assert rc == 0 and job_result(out)["ok"], out[-3000:]
+    assert "rc_verbs/rxe2:1" in out, out[-3000:]
+    moved = rdma_packets(a, "rxe2") - before
+    assert moved > 8 * COUNT * ROUNDS // 4096, moved  # at least the data, in 4 KiB packets
+    wait_for(lambda: condition(a, TRAFFIC) == ("True", "TrafficOnFabric"), 60,
+             "the verdict cleared by the job's RDMA")
+    print(f"UCX job over RoCE: {took:.1f} s with mpirun's start, {moved} RDMA packets on rxe2")
+
+
+def test_4i_preflight_refuses_where_the_device_is_hidden_and_a_job_dies_where_roce_drops(
+        mpi_pair: tuple[VM, VM]) -> None:
+    a, b = mpi_pair
+    both_reach_each_other(a, b)
+    # A container without the device (the RDMA resource not requested): the default job
+    # would run over TCP there too; preflight refuses before step 1.
+    hidden = a.ssh("unshare -m sh -c 'mount -t tmpfs none /dev/infiniband && NCCL_IB_HCA==rxe2 "
+                   f"{VENV}/nodeagent preflight --termination-log /tmp/pf.log'; echo rc=$?; "
+                   "cat /tmp/pf.log", check=False, timeout=120).stdout
+    assert "rc=1" in hidden and "no RDMA device in this container" in hidden, hidden
+    # RoCE dropped on the peer: the peer verdict comes first, then a forced-UCX job fails
+    # or hangs (bounded here), and perftest agrees with the verdict.
+    b.ssh("nft add table inet lab && nft add chain inet lab in '{ type filter hook input "
+          "priority 0; }' && nft add rule inet lab in udp dport 4791 drop")
+    seen = until_condition(a, ("False", "PeerUnreachable"), 30, "RoCE loss seen")
+    rc, out, took = mpi_job(a, FORCED_UCX, limit=90)
+    assert rc != 0, out[-3000:]
+    assert not write_bw(a, b), "perftest's RDMA WRITE passes while RoCE is dropped"
+    print(f"RoCE dropped: RDMAPeersReachable False in {seen:.1f} s; the forced-UCX job "
+          f"{'hung until the 90 s limit' if rc == 124 else f'failed (exit {rc})'} after "
+          f"{took:.1f} s")
+    # Full-size frames dropped both ways: the peer verdict says path MTU, and perftest
+    # agrees at the port's MTU and passes at 1024.
+    b.ssh("nft flush ruleset && nft add table inet lab && "
+          "nft add chain inet lab in '{ type filter hook input priority 0; }' && "
+          "nft add chain inet lab out '{ type filter hook output priority 0; }' && "
+          "nft add rule inet lab in udp dport 4791 meta length gt 1500 drop && "
+          "nft add rule inet lab out udp dport 4791 meta length gt 1500 drop")
+    until_condition(a, ("False", "PathMTUTooSmall"), 30, "the path MTU named")
+    assert not write_bw(a, b), "perftest at MTU 4096 passes where full-size frames drop"
+    assert write_bw(a, b, mtu=1024), "perftest at MTU 1024 fails"
+    b.ssh("nft flush ruleset")
+    both_reach_each_other(a, b)

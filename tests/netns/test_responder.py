@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nodeagent.model import RailEndpoint
+from nodeagent.model import RailEndpoint, RDMAVolume
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
     Hello,
@@ -142,6 +142,8 @@ def test_a_valid_hello_without_a_device_is_told_so(wire: tuple[Netns, Netns],
     s.close()
     assert reply == Refuse(Refusal.DEVICE)
     assert reply.code.words == "its RDMA device failed"
+    # No QP, no reads: nothing charged to the rail's own RDMA (FabricTrafficOnRDMA).
+    assert responder.own_rdma.so_far("rail0") == (RDMAVolume(), RDMAVolume())
 
 
 @pytest.mark.parametrize("payload,kind", [

@@ -6,6 +6,7 @@ RDMAPeersReachable. The probe itself, over soft-RoCE between two guests, is in t
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from nodeagent.model import (
     PeerOutcome,
     PeerProbe,
     RailEndpoint,
+    RDMAVolume,
     Targets,
 )
 from nodeagent.probes.peer import RailEnd, gid_raw, gid_text, ibv_mtu, mtu_bytes, probe_peer
@@ -342,7 +344,6 @@ def test_each_peer_is_in_the_status_and_the_metrics() -> None:
 
 
 def test_the_latest_bandwidth_sample_in_the_window_is_reported() -> None:
-    from dataclasses import replace
 
     from prometheus_client import generate_latest
 
@@ -441,7 +442,8 @@ def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
     def fake_probe(end, rail, address, node, port, reads, timeout,  # type: ignore[no-untyped-def]
                    bandwidth=False):
         asked.append(bandwidth)
-        return probe(address, OK)
+        return replace(probe(address, OK), moved=RDMAVolume(40, 4000) if bandwidth
+                       else RDMAVolume(4, 400))
 
     monkeypatch.setattr(run_peers, "probe_peer", fake_probe)
     cfg = parse_config({"rails": RAILS, "peers": {"static": PEERS, "bandwidth_every": 3}})
@@ -452,6 +454,9 @@ def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
         prober._probe_rail("rail0", target, (PeerRef("10.10.0.6"),), cfg.peers,
                            lambda: False)
     assert asked == [True, False, False, True, False, False, True]
+    # Each probe's RDMA charged to its rail, for FabricTrafficOnRDMA to count out.
+    assert prober.own_rdma.so_far("rail0") == (RDMAVolume(3 * 40 + 4 * 4, 3 * 4000 + 4 * 400),
+                                               RDMAVolume(40, 4000))
     never = parse_config({"rails": RAILS, "peers": {"static": PEERS, "bandwidth_every": 0}})
     asked.clear()
     prober._probe_rail("rail0", target, (PeerRef("10.10.0.7"),), never.peers, lambda: False)
