@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import logging
 import math
 import os
+import socket
 import stat
 import time
 from dataclasses import dataclass
@@ -52,16 +54,70 @@ class LockRefused(OSError):
     change a file elsewhere) or not a regular file."""
 
 
+def _runtime_name(runtime_dir: Path) -> str:
+    """The abstract unix socket name of a runtime dir (its resolved path, hashed to fit)."""
+    where = str(Path(runtime_dir).resolve())
+    return "\0nodeagent-daemon:" + hashlib.sha256(where.encode()).hexdigest()[:40]
+
+
+def _claim_name(runtime_dir: Path) -> socket.socket | None:
+    """The runtime dir's name bound, or None when another process holds it. An abstract
+    socket has no file: nothing can unlink or replace it, and the kernel frees it when its
+    holder dies, however it dies. It is per network namespace, which the daemon shares with
+    every other that manages the same interfaces."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.bind(_runtime_name(runtime_dir))
+        sock.listen(1)  # never accepted: a reader's connect tells it is held, and by whom
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return sock
+
+
+def _name_holder(runtime_dir: Path) -> int | None:
+    """The pid holding the runtime dir's name (0: held, the pid not told), None when it is
+    free. A connect, never a bind: a reader must not take the name from a starting daemon."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC
+                         | socket.SOCK_NONBLOCK)
+    try:
+        sock.connect(_runtime_name(runtime_dir))
+    except BlockingIOError:
+        return 0  # its one-connection queue is full: held
+    except OSError:
+        return None  # refused: nobody listens on the name
+    else:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        return int.from_bytes(creds[:4], "little") or 0  # struct ucred: pid, uid, gid
+    finally:
+        sock.close()
+
+
+def _pid_at(path: Path) -> int | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _lock_pid(fd)
+    finally:
+        os.close(fd)
+
+
 class DaemonLock:
-    """One daemon per runtime dir: an exclusive flock on runtime_dir/daemon.lock, held for
-    the daemon's life (the kernel drops it when the process dies, however it dies), with
-    the holder's pid in the file for `status` and the refusal message. A lock is only a lock
-    while the locked file is the one at the path: a file deleted or replaced would let a
-    second daemon lock another, so that is checked after the flock and on every pass."""
+    """One daemon per runtime dir, by two locks held for the daemon's life: its name as an
+    abstract unix socket (nothing on disk: a deleted or replaced lock file cannot let a
+    second daemon in, not even between two passes), and an exclusive flock on
+    runtime_dir/daemon.lock with the holder's pid in it for `status` and the refusal
+    message. The file is re-checked after the flock and on every pass: deleted or replaced,
+    it is locked again, so `status` keeps finding the daemon."""
 
     def __init__(self, runtime_dir: Path) -> None:
         self.path = Path(runtime_dir) / LOCK_FILE
         self.fd: int | None = None
+        self.name: socket.socket | None = None
         self.problem: str | None = None  # why the path could not be locked again
 
     def keep(self) -> bool:
@@ -83,7 +139,17 @@ class DaemonLock:
         return True
 
     def acquire(self) -> None:
-        self.fd = self._acquire()
+        make_dirs(self.path.parent)
+        name = _claim_name(self.path.parent)
+        if name is None:
+            raise AlreadyRunning(self.path, _name_holder(self.path.parent)
+                                 or _pid_at(self.path))
+        try:
+            self.fd = self._acquire()
+        except BaseException:
+            name.close()
+            raise
+        self.name = name
 
     def reassert(self) -> None:
         """Each pass: still the file at the path? If it was deleted or replaced, lock the
@@ -138,14 +204,21 @@ class DaemonLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        if self.name is not None:
+            self.name.close()
+            self.name = None
 
 
 def daemon_holding(runtime_dir: Path) -> int | None:
     """The pid of the daemon that holds the runtime dir's lock (0 when it cannot be told),
     or None when no daemon holds it."""
+    path = Path(runtime_dir) / LOCK_FILE
+    if Path(runtime_dir).is_dir():
+        holder = _name_holder(Path(runtime_dir))
+        if holder is not None:  # held, whatever became of the file
+            return holder or _pid_at(path) or 0
     try:
-        fd = os.open(Path(runtime_dir) / LOCK_FILE,
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:

@@ -554,6 +554,24 @@ def test_a_deleted_lock_file_is_taken_again_so_no_second_daemon_starts(
     stop_cleanly(first)
 
 
+def test_a_deleted_lock_file_admits_no_second_daemon_before_the_first_passes(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The case the pass-time re-lock left open: the second daemon started at once after
+    the deletion (resync is 1 h: no pass in between) ran beside the first. The runtime
+    dir's abstract socket refuses it, naming the first."""
+    cfg = tmp_path / "c.yaml"
+    first = start(rails_ns, daemon_config, cfg)
+    lock = Path(daemon_config["runtime_dir"]) / "daemon.lock"
+    lock.unlink()
+    second = rails_ns.start_daemon(cfg)
+    assert second.wait(timeout=20) == 2
+    assert daemon_log(second).strip().splitlines()[-1] == (
+        f"nodeagent: another nodeagent daemon (pid {first.pid}) holds {lock}")
+    assert first.poll() is None
+    stop_cleanly(first)
+
+
 def test_a_lock_replaced_by_a_hard_link_is_said_in_the_status_and_left_alone(
     rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -18,7 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodeagent.io.files import write_json_atomic
-from nodeagent.publish.status import AlreadyRunning, DaemonLock, read_status, write_status
+from nodeagent.publish.status import (
+    AlreadyRunning,
+    DaemonLock,
+    daemon_holding,
+    read_status,
+    write_status,
+)
 
 
 def status_cli(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -70,6 +76,26 @@ def test_a_second_lock_is_refused_naming_the_holder(tmp_path: Path) -> None:
     finally:
         first.release()
     DaemonLock(tmp_path).acquire()  # free once released (or once its holder dies)
+
+
+def test_a_deleted_lock_file_admits_no_second_daemon_even_before_a_pass(
+        tmp_path: Path) -> None:
+    """Before, the window between the deletion and the holder's next pass let a second
+    daemon lock a new file and run beside the first. The runtime dir's name (an abstract
+    socket: no file to delete) refuses it, and names the holder."""
+    first = DaemonLock(tmp_path)
+    first.acquire()
+    try:
+        (tmp_path / "daemon.lock").unlink()
+        with pytest.raises(AlreadyRunning) as info:
+            DaemonLock(tmp_path).acquire()
+        assert info.value.pid == os.getpid()
+        assert daemon_holding(tmp_path) == os.getpid()  # `status` still finds it
+        assert not (tmp_path / "daemon.lock").exists()  # the refused one made nothing
+    finally:
+        first.release()
+    assert daemon_holding(tmp_path) is None
+    DaemonLock(tmp_path).acquire()
 
 
 def test_stale_status_means_not_ok(tmp_path: Path) -> None:
