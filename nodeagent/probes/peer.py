@@ -63,10 +63,12 @@ def ibv_mtu(size: int) -> int:
 def probe_volume(reads: int, mtu: int, length: int = BUFFER,
                  bandwidth: bool = False) -> RDMAVolume:
     """The most one probe moves once its QP is up (probes/volume.py): the small reads,
-    the read of one path MTU, and the bandwidth sample when taken."""
-    moved = rdma_read(SMALL, mtu) * reads + rdma_read(min(mtu, length), mtu)
+    the read of one path MTU, and the bandwidth sample when taken, each as often as the
+    QP may send it (a slow answer is asked again, even when the probe passes)."""
+    moved = rdma_read(SMALL, mtu, RC_ATTEMPTS) * reads + rdma_read(min(mtu, length), mtu,
+                                                                   RC_ATTEMPTS)
     if bandwidth:
-        moved += rdma_read(length, mtu) * SAMPLE_READS
+        moved += rdma_read(length, mtu, RC_ATTEMPTS) * SAMPLE_READS
     return moved
 
 
@@ -282,7 +284,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
                        remote_psn=accept.psn, local_psn=psn, mtu=ibv_mtu(accept.mtu))
         except ProbeFailed as failed:
             raise _Failed(PeerOutcome.LOCAL, str(failed)) from failed
-        # Charged as planned, with every retry if it fails (a bound, not a count).
+        # Charged as planned, every retry included (a bound, not a count).
         moved = probe_volume(reads, accept.mtu, accept.length, bandwidth)
         for i in range(reads):
             rtts.append(_read(end, qp, accept, SMALL, i, deadline))
@@ -299,10 +301,8 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         outcome, error = PeerOutcome.OK, ""
     except _Failed as failed:
         outcome, error = failed.outcome, failed.error
-        moved = moved * RC_ATTEMPTS
     except Exception as exc:  # pyverbs raises its own errors from any call
         outcome, error = PeerOutcome.LOCAL, one_line(exc)
-        moved = moved * RC_ATTEMPTS
     finally:
         if qp is not None:
             end.drop_qp(qp)

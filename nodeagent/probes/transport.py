@@ -229,9 +229,10 @@ def _measure(pair: _Pair, messages: int, deadline: float) -> _Figures:
 
 def probe_volume(messages: int) -> RDMAVolume:
     """The most one probe moves through its port once its QPs are connected (at the
-    default path MTU, 1024): both QPs are on the one port, so each packet counts twice,
-    sent and received."""
-    sends = rdma_send(SIZE, 1024) * messages + rdma_send(CHUNK, 1024) * (BURST // 2)
+    default path MTU, 1024, every packet as often as the QP may send it): both QPs are on
+    the one port, so each packet counts twice, sent and received."""
+    sends = (rdma_send(SIZE, 1024, RC_ATTEMPTS) * messages
+             + rdma_send(CHUNK, 1024, RC_ATTEMPTS) * (BURST // 2))
     return sends * 2
 
 
@@ -253,11 +254,11 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
     except ProbeFailed as failed:
         return TransportResult(rail, False, failed.step, failed.error,
                                seconds=time.monotonic() - started, gid_index=gid_index,
-                               moved=moved * RC_ATTEMPTS)
+                               moved=moved)
     except Exception as exc:  # pyverbs raises its own errors from any call
         return TransportResult(rail, False, Step.VERBS, one_line(exc),
                                seconds=time.monotonic() - started, gid_index=gid_index,
-                               moved=moved * RC_ATTEMPTS)
+                               moved=moved)
     finally:
         pair.close()
     lat = got.latencies_us

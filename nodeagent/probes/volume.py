@@ -16,7 +16,9 @@ from nodeagent.model import RDMAVolume
 # Bytes a packet may carry besides its payload, rounded up: Ethernet 14 + IPv4 20 + UDP 8
 # + BTH 12 + RETH 16 + ICRC 4 + FCS 4 (the IB counters count fewer of them).
 HEADER = 128
-# A request lost on the wire is sent again retry_cnt times (3: probes/transport.py).
+# A request not answered within the QP's timeout (17 ms: probes/transport.py) is sent again,
+# up to retry_cnt (3) times, and a read's responder answers each copy: a busy host's probes
+# that pass may still have sent everything four times (seen in the lab under a TCP job).
 RC_ATTEMPTS = 4
 
 

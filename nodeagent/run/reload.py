@@ -1,8 +1,10 @@
 """SIGHUP: the config read and validated on a thread of its own.
 
 A config on a filesystem that does not answer must not stop the repairs: the loop goes on
-and applies the result when it is delivered (`Reloaded`). One read at a time; a read still
-going after RELOAD_SLOW is said in the status file.
+and applies the result when it is delivered (`Reloaded`). One read at a time: a SIGHUP
+during a read is queued (one at most), and the file is read again when the read ends, so
+the last edit is always the one applied; a read still going after RELOAD_SLOW is said in
+the status file.
 """
 
 from __future__ import annotations
@@ -25,34 +27,41 @@ class ConfigReloader:
         self._load = load
         self._deliver = deliver
         self._loader: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._reading = False  # a read is under way (set and cleared under the lock)
+        self._again = False  # a SIGHUP came during it: read once more when it ends
         self._started = 0.0
         self.error: str | None = None  # why the last SIGHUP kept the old config
 
     def _reading_for(self) -> float | None:
-        if self._loader is None or not self._loader.is_alive():
-            return None
-        return time.monotonic() - self._started
+        with self._lock:
+            return time.monotonic() - self._started if self._reading else None
 
     def start(self) -> None:
-        reading = self._reading_for()
-        if reading is not None:
-            self.error = f"a reload has been reading the config for {reading:.0f}s"
-            log.error("reload ignored: %s", self.error)
-            return
-
-        def load() -> None:
-            try:
-                self._deliver(Reloaded(self._load()))
-            except Exception as exc:  # handed to the loop: a failed reload is never a crash
-                self._deliver(Reloaded(None, exc))
-
-        self._started = time.monotonic()
-        self._loader = threading.Thread(target=load, name="config-reload", daemon=True)
+        with self._lock:
+            if self._reading:
+                self._again = True
+                log.info("reload queued: the config is still being read")
+                return
+            self._reading, self._started = True, time.monotonic()
+        self._loader = threading.Thread(target=self._read, name="config-reload", daemon=True)
         self._loader.start()
         # Still reading then: the status file says so without waiting for a pass.
         check = threading.Timer(RELOAD_SLOW + 0.1, lambda: self._deliver(NodeChanged()))
         check.daemon = True
         check.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                self._deliver(Reloaded(self._load()))
+            except Exception as exc:  # handed to the loop: a failed reload is never a crash
+                self._deliver(Reloaded(None, exc))
+            with self._lock:
+                if not self._again:
+                    self._reading = False
+                    return
+                self._again, self._started = False, time.monotonic()
 
     def accepted(self, got: Reloaded, running: Config) -> Config | None:
         """The config a finished read brought, or None (logged, and kept as the error).
@@ -98,7 +107,8 @@ class ConfigReloader:
         is taking too long."""
         reading = self._reading_for()
         if reading is not None and reading > RELOAD_SLOW:
-            self.error = f"a reload has been reading the config for {reading:.0f}s"
+            queued = "; another SIGHUP waits for it" if self._again else ""
+            self.error = f"a reload has been reading the config for {reading:.0f}s{queued}"
         return self.error
 
 

@@ -143,7 +143,9 @@ class Sources:
 
     def reconfigure(self, cfg: Config) -> None:
         """A reload's config to the running sources (new settings take effect now, not
-        at the next interval)."""
+        at the next interval); a source whose section the reload removed is stopped (before,
+        a reload without `peers` left the responder answering the old peers)."""
+        self._stop_removed(cfg)
         if self.lustre is not None:
             self.lustre.cfg = cfg
         if self.plugin is not None:
@@ -156,6 +158,22 @@ class Sources:
             self.transport.cfg = cfg
         if self.peers is not None:
             self.peers.reconfigure(cfg)
+
+    def _stop_removed(self, cfg: Config) -> None:
+        removed = {
+            "lustre": not cfg.lustre,
+            "plugin": cfg.kubernetes is None or cfg.device_plugin is None,
+            "custom": cfg.custom_checks is None,
+            "transport": cfg.transport is None,
+            "peers": cfg.peers is None,
+        }
+        for name, gone in removed.items():
+            source = getattr(self, name)
+            if gone and source is not None:
+                source.stop()
+                self.started.remove(source)
+                setattr(self, name, None)
+                log.info("reload: %s stopped (its section is gone)", name)
 
     def _start_metrics(self, cfg: Config) -> None:
         if cfg.metrics is None:
