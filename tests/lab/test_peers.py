@@ -314,6 +314,17 @@ def traffic_message(vm: VM) -> str:
                  if c["type"] == TRAFFIC), "")
 
 
+def until_traffic(vm: VM, want: tuple[str, str], within: float, what: str) -> float:
+    """Seconds until FabricTrafficOnRDMA shows `want` (what it said last, in the failure)."""
+    started = time.monotonic()
+    while (seen := condition(vm, TRAFFIC)) != want:
+        if time.monotonic() - started > within:
+            raise AssertionError(f"timed out after {within}s waiting for {what}: {seen} "
+                                 f"{traffic_message(vm)}")
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
 def write_bw(a: VM, b: VM, mtu: int | None = None) -> bool:
     """perftest's RDMA WRITE between the rails' devices at their pinned GIDs (the oracle):
     whether it completed."""
@@ -358,8 +369,7 @@ def test_4h_a_real_jobs_silent_tcp_fallback_is_named_and_forced_onto_ucx_it_uses
     assert rc == 0 and job_result(out)["ok"], out[-3000:]
     assert "rc_verbs" not in out, out[-3000:]
     for vm, rail in ((a, "fab0 ens6"), (b, "fab0 ens4")):
-        wait_for(lambda v=vm: condition(v, TRAFFIC) == ("False", "TrafficNotOnFabric"), 60,
-                 "the TCP fallback named")
+        until_traffic(vm, ("False", "TrafficNotOnFabric"), 60, "the TCP fallback named")
         message = traffic_message(vm)
         # Only the agents' own probes moved RDMA meanwhile, and they are counted out.
         assert f"{rail}: " in message and "over RDMA (the agent's probes: at most" in message, \
@@ -375,8 +385,7 @@ def test_4h_a_real_jobs_silent_tcp_fallback_is_named_and_forced_onto_ucx_it_uses
     assert "rc_verbs/rxe2:1" in out, out[-3000:]
     moved = rdma_packets(a, "rxe2") - before
     assert moved > 8 * COUNT * ROUNDS // 4096, moved  # at least the data, in 4 KiB packets
-    wait_for(lambda: condition(a, TRAFFIC) == ("True", "TrafficOnFabric"), 60,
-             "the verdict cleared by the job's RDMA")
+    until_traffic(a, ("True", "TrafficOnFabric"), 60, "the verdict cleared by the job's RDMA")
     print(f"UCX job over RoCE: {took:.1f} s with mpirun's start, {moved} RDMA packets on rxe2")
 
 
