@@ -35,6 +35,14 @@ def fixtures(root: Path) -> tuple[Path, Path, Path]:
     os.mknod(dev / "infiniband" / "uverbs0", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     (sysfs / "class" / "infiniband_verbs" / "uverbs0").mkdir(parents=True)
     (sysfs / "class" / "infiniband_verbs" / "uverbs0" / "ibdev").write_text("mlx5_0\n")
+    # Its port as NCCL reads it (checks/nccl.py): ACTIVE, Ethernet, an IPv4 RoCE v2 GID.
+    port = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs" / "types").mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "link_layer").write_text("Ethernet\n")
+    (port / "gids" / "0").write_text("0000:0000:0000:0000:0000:ffff:0a0a:0001\n")
+    (port / "gid_attrs" / "types" / "0").write_text("RoCE v2\n")
     return dev, sysfs, run
 
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from nodeagent.io.files import one_line, parse_json_state
 from nodeagent.model import NodeRail, PeerOutcome, RailEndpoint, Unfit
@@ -34,6 +36,7 @@ from nodeagent.run.responder import Responder, Served
 CARD_MAX = 4096
 READ_TIMEOUT = 2.0
 RETRY = 0.5
+MAX_GANG = 2048  # pods in a gang: each fetches every other's card, n^2 in all
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,26 @@ def parse_card(data: bytes) -> GangCard:
     return GangCard(doc["index"], doc["node"][:253], tuple(rails), doc.get("ready") is True)
 
 
+MAX_CONNECTIONS = 128  # the card server's open connections, in all
+MAX_PER_ADDRESS = 8  # from one address (pods on one host's network share one)
+RANK_TIMEOUT = 1.0  # seconds from accept to the fetcher's rank line
+RESOLVERS = 8  # name lookups that may be waiting at once (getaddrinfo cannot be cut short)
+
+
+@dataclass
+class _Fetcher:
+    address: str
+    deadline: float
+    data: bytes = b""
+
+
 class CardServer(threading.Thread):
-    """Serves this pod's card to every connection; remembers which ranks fetched it, and
-    which fetched it once it said ready (a fetcher says its rank first: pods may share an
-    address, on one host's network)."""
+    """Serves this pod's card to every connection, many at once (one selector, non-blocking
+    sockets, a deadline per connection, at most MAX_PER_ADDRESS from one address and
+    MAX_CONNECTIONS in all: idle connections cost their own slots, not the gang's barrier).
+    Remembers which ranks fetched it, and from where, and which fetched it once it said
+    ready (a fetcher says its rank first: pods may share an address, on one host's
+    network); a claim counts only from an address the rank's name resolves to."""
 
     def __init__(self, card: GangCard, port: int, bind: str = "0.0.0.0") -> None:
         super().__init__(name="gang-barrier", daemon=True)
@@ -93,32 +112,96 @@ class CardServer(threading.Thread):
         except OSError:
             self.sock.close()
             raise
-        self.sock.settimeout(0.2)
+        self.sock.setblocking(False)
         self.ready = False
-        self.fetched_by: set[int] = set()
-        self.fetched_ready_by: set[int] = set()
+        self.claims: set[tuple[int, str]] = set()  # (rank, source address)
+        self.ready_claims: set[tuple[int, str]] = set()
+        self.turned_away = 0  # connections over the limits, closed at once
+        self._conns: dict[socket.socket, _Fetcher] = {}
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.sock, selectors.EVENT_READ)
         self._halt = threading.Event()
+
+    @property
+    def fetched_by(self) -> set[int]:
+        """The ranks that said so, from anywhere (see verified() for the ones to trust)."""
+        return {rank for rank, _ in self.claims}
+
+    def verified(self, addresses: Mapping[int, frozenset[str]], ready: bool = False
+                 ) -> set[int]:
+        """The ranks whose claims came from an address their names resolve to."""
+        claims = self.ready_claims if ready else self.claims
+        return {rank for rank, source in claims if source in addresses.get(rank, ())}
 
     def mark_ready(self, card: GangCard) -> None:
         self.card = replace(card, ready=True).encode()
         self.ready = True  # after the card: a fetch that sees True was sent the ready card
 
     def run(self) -> None:
-        while not self._halt.is_set():
+        try:
+            while not self._halt.is_set():
+                for key, _ in self._sel.select(timeout=0.2):
+                    if key.fileobj is self.sock:
+                        self._accept()
+                    else:
+                        self._readable(key.fileobj)  # type: ignore[arg-type]
+                now = time.monotonic()
+                for conn in [c for c, f in self._conns.items() if f.deadline <= now]:
+                    self._close(conn)  # no rank line in time: a trickle or an idle socket
+        finally:
+            for conn in list(self._conns):
+                self._close(conn)
+            self._sel.close()
+
+    def _accept(self) -> None:
+        for _ in range(64):
             try:
-                conn, _ = self.sock.accept()
-            except (TimeoutError, OSError):
+                conn, (address, _port) = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            same = sum(1 for f in self._conns.values() if f.address == address)
+            if len(self._conns) >= MAX_CONNECTIONS or same >= MAX_PER_ADDRESS:
+                self.turned_away += 1
+                conn.close()
                 continue
-            with conn:
-                conn.settimeout(1.0)
-                with contextlib.suppress(OSError):
-                    rank = _rank(conn.recv(16))
-                    ready = self.ready
-                    conn.sendall(self.card)
-                    if rank is not None:
-                        self.fetched_by.add(rank)
-                        if ready:
-                            self.fetched_ready_by.add(rank)
+            conn.setblocking(False)
+            self._conns[conn] = _Fetcher(address, time.monotonic() + RANK_TIMEOUT)
+            self._sel.register(conn, selectors.EVENT_READ)
+
+    def _readable(self, conn: socket.socket) -> None:
+        fetcher = self._conns[conn]
+        try:
+            chunk = conn.recv(RANK_MAX + 1 - len(fetcher.data))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        fetcher.data += chunk
+        if chunk and b"\n" not in fetcher.data and len(fetcher.data) <= RANK_MAX:
+            return  # more of the rank line to come
+        rank = _rank(fetcher.data) if chunk or fetcher.data else None
+        ready = self.ready
+        card = self.card
+        try:
+            conn.setblocking(True)
+            conn.settimeout(0.2)  # 4 KiB fits a socket buffer: sent at once to any reader
+            conn.sendall(card)
+        except OSError:
+            pass
+        else:
+            if rank is not None:
+                self.claims.add((rank, fetcher.address))
+                if ready:
+                    self.ready_claims.add((rank, fetcher.address))
+        self._close(conn)
+
+    def _close(self, conn: socket.socket) -> None:
+        self._conns.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(conn)
+        conn.close()
 
     def stop(self) -> None:
         self._halt.set()
@@ -126,20 +209,76 @@ class CardServer(threading.Thread):
         self.sock.close()
 
 
+RANK_MAX = 16  # bytes of a rank line
+
+
 def _rank(data: bytes) -> int | None:
     try:
-        return int(data.decode("ascii").strip())
+        rank = int(data.decode("ascii").strip())
     except ValueError:  # UnicodeDecodeError too
         return None
+    return rank if 0 <= rank < MAX_GANG else None
 
 
-def fetch_card(host: str, port: int, me: int, timeout: float = READ_TIMEOUT) -> GangCard:
-    """One peer's card, this pod's rank said first; OSError or ValueError with why not."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.settimeout(timeout)
+_resolving = threading.BoundedSemaphore(RESOLVERS)
+
+
+def resolve(host: str, port: int, timeout: float) -> list[str]:
+    """The IPv4 addresses of `host`, looked up on a thread of its own so that a resolver
+    that does not answer costs at most `timeout` (and at most RESOLVERS lookups wait at
+    once); socket.gaierror, or TimeoutError."""
+    try:
+        return [str(ipaddress.IPv4Address(host))]  # a literal: nothing to look up
+    except ValueError:
+        pass
+    if not _resolving.acquire(timeout=max(0.0, timeout)):
+        raise TimeoutError("name lookups are not answering")
+    result: list[Any] = []
+
+    def look() -> None:
+        try:
+            result.append(socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM))
+        except OSError as exc:
+            result.append(exc)
+        finally:
+            _resolving.release()
+
+    lookup = threading.Thread(target=look, name="gang-resolve", daemon=True)
+    lookup.start()
+    lookup.join(timeout)
+    if not result:
+        raise TimeoutError("name lookup timed out")
+    if isinstance(result[0], OSError):
+        raise result[0]
+    return sorted({info[4][0] for info in result[0]})
+
+
+def fetch_card(host: str, port: int, me: int, timeout: float = READ_TIMEOUT,
+               deadline: float | None = None, source: str | None = None,
+               resolved: dict[str, list[str]] | None = None) -> GangCard:
+    """One peer's card, this pod's rank said first, from `source` when given (the pod's own
+    address: the one its name resolves to, which the peer checks the rank against); the
+    whole fetch, name lookup included, ends by `timeout` from now or `deadline`, whichever
+    is first. OSError or ValueError with why not. The name is looked up on every try (a pod
+    that starts late is found); `resolved` keeps every address each name has had."""
+    end = time.monotonic() + timeout
+    end = min(end, deadline) if deadline is not None else end
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("timed out")
+        return remaining
+
+    addresses = resolve(host, port, left())
+    if resolved is not None:
+        resolved[host] = sorted({*resolved.get(host, ()), *addresses})
+    with socket.create_connection((addresses[0], port), timeout=left(),
+                                  source_address=(source, 0) if source else None) as s:
         s.sendall(f"{me}\n".encode())
         data = b""
         while len(data) <= CARD_MAX:
+            s.settimeout(left())  # one deadline for the whole read: a trickle ends too
             chunk = s.recv(CARD_MAX + 1 - len(data))
             if not chunk:
                 break
@@ -148,15 +287,21 @@ def fetch_card(host: str, port: int, me: int, timeout: float = READ_TIMEOUT) -> 
 
 
 def barrier(peers: Sequence[str], me: int, port: int, deadline: float,
-            fetch: Callable[[str, int, int], GangCard] = fetch_card
+            fetch: Callable[..., GangCard] = fetch_card, source: str | None = None,
+            resolved: dict[str, list[str]] | None = None,
             ) -> tuple[dict[int, GangCard], list[Unfit]]:
-    """Every other pod's card, or what kept them away by the deadline."""
+    """Every other pod's card, or what kept them away by the deadline: one deadline over
+    the whole gang, each fetch cut short by it."""
     cards: dict[int, GangCard] = {}
+    resolved = {} if resolved is None else resolved
     last: dict[int, str] = {i: "not tried" for i in range(len(peers)) if i != me}
     while True:
         for i in sorted(last):
+            if time.monotonic() >= deadline:
+                break
             try:
-                got = fetch(peers[i], port, me)
+                got = fetch(peers[i], port, me, deadline=deadline, source=source,
+                            resolved=resolved)
             except (OSError, ValueError) as exc:
                 last[i] = _words(exc)
                 continue
@@ -231,8 +376,11 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
                           "job its own --gang-port)")]
     server.start()
     responder: Responder | None = None
+    source = None if bind == "0.0.0.0" else bind  # fetch from where the card is served
+    resolved: dict[str, list[str]] = {}
     try:
-        cards, problems = barrier(peers, me, port, deadline)
+        cards, problems = barrier(peers, me, port, deadline, source=source, resolved=resolved)
+        addresses = {i: frozenset(resolved.get(peers[i], ())) for i in cards}
         if problems:
             return [], problems
         allowed = frozenset(r.address for c in cards.values() for r in c.rails if r.address)
@@ -243,10 +391,10 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
         succ, pred = cards[(me + 1) % n], cards[(me - 1) % n]
         # A barrier that filled at the last moment still leaves the ring its own time.
         deadline = max(deadline, time.monotonic() + 4 * timeout + 5.0)
-        problems = _until_ready(peers[succ.index], port, me, deadline)
+        problems = _until_ready(peers[succ.index], port, me, deadline, source, resolved)
         probes = [] if problems else _probe_ring(card, succ, probe_port, timeout)
         problems += [u for p in probes if (u := p.unfit()) is not None]
-        _until_done(server, responder, card, pred, n, deadline)
+        _until_done(server, responder, card, pred, n, deadline, addresses)
         return probes, problems
     finally:
         server.stop()
@@ -255,12 +403,14 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
             responder.join(timeout=5)
 
 
-def _until_ready(host: str, port: int, me: int, deadline: float) -> list[Unfit]:
+def _until_ready(host: str, port: int, me: int, deadline: float, source: str | None,
+                 resolved: dict[str, list[str]]) -> list[Unfit]:
     """The next pod's card until it says its responder is up."""
     why = "not ready"
     while time.monotonic() < deadline:
         try:
-            if fetch_card(host, port, me).ready:
+            if fetch_card(host, port, me, deadline=deadline, source=source,
+                          resolved=resolved).ready:
                 return []
         except (OSError, ValueError) as exc:
             why = _words(exc)
@@ -301,16 +451,18 @@ def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
 
 
 def _until_done(server: CardServer, responder: Responder, card: GangCard, pred: GangCard,
-                n: int, deadline: float) -> None:
+                n: int, deadline: float, addresses: Mapping[int, frozenset[str]]) -> None:
     """Until every other pod has this pod's card, the previous pod has seen it ready (it
     waits for that before probing, even with nothing to probe) and has probed it on every
-    rail it serves (its probes over), or the deadline."""
+    rail it serves (its probes over), or the deadline. A rank counts only from an address
+    its name resolves to: a stranger claiming it cannot send this pod away early."""
     theirs = {r.name: r.address for r in pred.rails}
     wanted = [theirs.get(r.name) for r in card.rails if r.address and r.device
               and r.gid_index is not None]
     others = set(range(n)) - {card.index}
     while time.monotonic() < deadline:
-        fetched = others <= server.fetched_by and pred.index in server.fetched_ready_by
+        fetched = others <= server.verified(addresses) \
+            and pred.index in server.verified(addresses, ready=True)
         probed = all(a is not None and responder.counts.answered[a] > 0 for a in wanted)
         if fetched and probed and responder.open_connections == 0:
             return

@@ -17,6 +17,7 @@ use (devices, GIDs, traffic class).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 import sys
@@ -60,10 +61,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the gang's size, with a --peers pattern")
     p.add_argument("--index", type=int, default=_env_int("JOB_COMPLETION_INDEX", -1),
                    help="this pod's rank (default: $JOB_COMPLETION_INDEX)")
-    p.add_argument("--gang-port", type=int, default=18601, help="the barrier's TCP port")
-    p.add_argument("--gang-bind", default="0.0.0.0", metavar="ADDRESS",
-                   help="where this pod serves its card (default: every address of the pod)")
-    p.add_argument("--probe-port", type=int, default=18602,
+    p.add_argument("--gang-port", type=_port, default=18601, help="the barrier's TCP port")
+    p.add_argument("--gang-bind", type=_ipv4, default=os.environ.get("POD_IP") or "0.0.0.0",
+                   metavar="ADDRESS", help="where this pod serves its card and fetches the "
+                   "others' from (default: $POD_IP, from the downward API's status.podIP; "
+                   "else every address of the pod)")
+    p.add_argument("--probe-port", type=_port, default=18602,
                    help="this pod's responder for its neighbour's RoCE probe")
     p.add_argument("--barrier-timeout", type=parse_duration, default=60.0,
                    metavar="DURATION", help="how long to wait for the whole gang")
@@ -78,6 +81,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--procfs", default="/proc", type=Path)
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError(text)  # argparse: "invalid _port value: '70000'"
+    return port
+
+
+_port.__name__ = "port"  # named in argparse's message
+
+
+def _ipv4(text: str) -> str:
+    return str(ipaddress.IPv4Address(text))
+
+
+_ipv4.__name__ = "IPv4 address"
+
+
 def _env_int(name: str, default: int) -> int:
     """An integer from the environment; a value that is not one is left to argparse's
     own check of the flag (it says which)."""
@@ -89,11 +109,17 @@ def _env_int(name: str, default: int) -> int:
 
 def peer_names(spec: str, size: int) -> list[str]:
     """`a,b,c`, or a pattern with {index} expanded `size` times; ValueError when neither."""
+    from nodeagent.cli.gang import MAX_GANG
+
+    if not 0 <= size <= MAX_GANG:
+        raise ValueError(f"--size {size} is not a gang size (1 to {MAX_GANG})")
     if "{index}" in spec:
         if size < 1:
             raise ValueError("--peers is a pattern: give --size (or $NODEAGENT_GANG_SIZE)")
         return [spec.replace("{index}", str(i)) for i in range(size)]
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [n.strip() for n in spec[:MAX_GANG * 254].split(",") if n.strip()]
+    if len(names) > MAX_GANG:
+        raise ValueError(f"--peers names more than {MAX_GANG} pods")
     if size and size != len(names):
         raise ValueError(f"--size {size}, but --peers names {len(names)} pods")
     return names
