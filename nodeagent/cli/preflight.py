@@ -17,9 +17,11 @@ use (devices, GIDs, traffic class).
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import math
 import os
+import stat
 import sys
 import time
 from dataclasses import replace
@@ -240,13 +242,27 @@ def report(problems: list[Unfit], termination_log: Path, fit: str = "") -> None:
     text = ("\n".join(lines) + "\n" if lines else
             f"preflight: fit{f' ({printable(fit)})' if fit else ''}\n")
     if termination_log.parent.is_dir():
-        data = text.encode()[:TERMINATION_MAX]
         try:
-            with open(termination_log, "wb") as f:
-                f.write(data)
+            _write_termination(termination_log, text.encode()[:TERMINATION_MAX])
         except OSError as exc:
-            print(f"preflight: cannot write {termination_log}: {exc.strerror}",
-                  file=sys.stderr)
+            why = {errno.ELOOP: "it is a symbolic link",
+                   errno.ENXIO: "not a regular file"}.get(exc.errno or 0, exc.strerror)
+            print(f"preflight: cannot write {termination_log}: {why}", file=sys.stderr)
+
+
+def _write_termination(path: Path, data: bytes) -> None:
+    """The kubelet's file (a regular file it mounts), written through nothing else: not a
+    symlink (it would write elsewhere), not a FIFO (an open for writing waits for a reader
+    for ever), not a device."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.ftruncate(fd, 0)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def run(args: argparse.Namespace) -> int:

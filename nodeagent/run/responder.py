@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 64  # open at once, over every rail
 MAX_PER_PEER = 2  # open at once from one address (a prober probes one at a time)
 HANDSHAKE = 1.0  # seconds from accept to a whole Hello
+LOG_EVERY = 60.0  # seconds between two warnings of one rail
 BACKLOG = 16
 IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)  # bind before the address is up
 
@@ -125,6 +126,7 @@ class Responder(threading.Thread):
         self._conns: dict[socket.socket, _Conn] = {}
         self._halt = threading.Event()
         self.errors: dict[str, str] = {}  # rail -> why it is not listening (bind failed)
+        self._warned: dict[str, tuple[float, int]] = {}  # rail -> (last warning, held back)
 
     # ------------------------------------------------------------ the loop's side
 
@@ -308,8 +310,7 @@ class Responder(threading.Thread):
                        local_psn=hello.psn ^ 0x5A5A5A, mtu=ibv_mtu(mtu),
                        access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
         except Exception as exc:  # ProbeFailed, or pyverbs' own errors from any call
-            log.warning("peer responder, %s: cannot answer %s: %s", conn.rail, conn.peer,
-                        one_line(exc))
+            self._warn(conn.rail, f"cannot answer {conn.peer}: {one_line(exc)}")
             if rail.end is not None and conn.qp is None:
                 rail.end.close()  # opened, but no QP: open again at the next Hello
                 rail.end = None
@@ -329,6 +330,19 @@ class Responder(threading.Thread):
         sampled = bool(every) and (self.counts.answered[conn.peer] - 1) % every == 0
         self.own_rdma.charge(conn.rail, probe_volume(reads, mtu, BUFFER, sampled))
         conn.deadline = time.monotonic() + self.hold
+
+    def _warn(self, rail: str, what: str) -> None:
+        """A warning per rail at most every LOG_EVERY seconds, with the count of those held
+        back: a peer's Hellos (one a second, or a flood's thousands) must not flood the
+        journal with one line each."""
+        now = time.monotonic()
+        last, held = self._warned.get(rail, (-LOG_EVERY, 0))
+        if now - last < LOG_EVERY:
+            self._warned[rail] = (last, held + 1)
+            return
+        more = f" ({held} more like it in the last {LOG_EVERY:.0f} s)" if held else ""
+        log.warning("peer responder, %s: %s%s", rail, what, more)
+        self._warned[rail] = (now, 0)
 
     def _refuse_conn(self, conn: _Conn, why: Refusal) -> None:
         self._drop(conn)

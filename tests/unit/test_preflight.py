@@ -143,6 +143,36 @@ def test_the_termination_message_holds_the_lines_bounded(tmp_path: Path,
     assert log.read_text() == "preflight: fit\n"
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "fifo-read"])
+def test_the_termination_message_goes_to_a_regular_file_only(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A symlinked --termination-log was written through (to any file the pod may write),
+    and a FIFO hung the preflight (an open for writing waits for a reader)."""
+    log = tmp_path / "termination-log"
+    target = tmp_path / "elsewhere"
+    target.write_text("keep\n")
+    reader = None
+    if kind == "symlink":
+        log.symlink_to(target)
+    else:
+        os.mkfifo(log)
+        if kind == "fifo-read":  # a reader there: the open succeeds, the type refuses it
+            reader = os.open(log, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (report([], log), done.set()), daemon=True)
+        worker.start()
+        worker.join(10)
+        assert done.is_set(), "the report hung"
+    finally:
+        if reader is not None:
+            os.close(reader)
+    why = "it is a symbolic link" if kind == "symlink" else "not a regular file"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"preflight: cannot write {log}: {why}")
+    assert target.read_text() == "keep\n"
+
+
 def test_no_status_file_fails_closed_with_what_to_mount(tmp_path: Path) -> None:
     got = verdict_from_status(tmp_path)
     assert got.problem is not None and "mount the host's" in got.problem
