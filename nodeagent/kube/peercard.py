@@ -120,6 +120,9 @@ def lease_node(lease: Any) -> str | None:
     return node if _NAME.fullmatch(node) else None
 
 
+CLOCK_SKEW = 300.0  # seconds a Lease's renewal may be ahead of this clock and still count
+
+
 @dataclass(frozen=True)
 class AgentLease:
     """An agent's Lease, typed: whose it is, when it was renewed and for how long (what
@@ -130,8 +133,11 @@ class AgentLease:
     duration: float | None  # seconds it promised; None when absent or not positive
 
     def live(self, now: float) -> bool:
+        """Renewed within its duration; a renewal dated more than CLOCK_SKEW ahead of this
+        clock (a forged Lease, a node whose clock is years off) is not taken as live: it
+        would never go stale."""
         return (self.renewed is not None and self.duration is not None
-                and now <= self.renewed + self.duration)
+                and self.renewed - CLOCK_SKEW <= now <= self.renewed + self.duration)
 
 
 def lease_name(node: str) -> str:
@@ -174,9 +180,11 @@ def parse_card(lease: Any) -> PeerCard | None:
             iface = ipaddress.IPv4Interface(value)
         except ValueError:
             continue
-        ip = iface.ip
+        ip, net = iface.ip, iface.network
         if ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_reserved:
             continue
+        if net.prefixlen < 31 and ip in (net.network_address, net.broadcast_address):
+            continue  # the subnet's own or broadcast address: no host's
         rails.append(CardRail(name, str(ip), str(iface.network)))
     return PeerCard(node, port, tuple(rails)) if rails else None
 

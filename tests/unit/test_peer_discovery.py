@@ -103,6 +103,9 @@ def test_no_card_without_kubernetes_or_peers() -> None:
     '{"port": 18600, "rails": {"rail0": "127.0.0.1/8"}}',
     '{"port": 18600, "rails": {"rail0": "0.0.0.0/0"}}',
     '{"port": 18600, "rails": {"rail0": "10.10.0.6/33"}}',
+    # the subnet's broadcast and network addresses: no host's (accepted before)
+    '{"port": 18600, "rails": {"rail0": "10.10.0.255/24"}}',
+    '{"port": 18600, "rails": {"rail0": "10.10.0.0/24"}}',
     '{"port": 18600, "rails": {"bad name!": "10.10.0.6/24"}}',
     '{"port": 18600, "rails": []}', '{"port": 18600, "rails": {"rail0": 7}}',
     json.dumps({"port": 18600, "rails": {"rail0": "10.10.0.6/24"}, "x": "y" * 70_000}),
@@ -148,6 +151,12 @@ def test_a_lease_past_its_duration_is_not_live() -> None:
     assert not lease_live(lease_of(card(1), renewed=-600), now)
     assert not lease_live({"spec": {"renewTime": micro(), "leaseDurationSeconds": 0}}, now)
     assert not lease_live({"spec": {"renewTime": "yesterday", "leaseDurationSeconds": 9}}, now)
+    # Renewed in the future: a clock a minute ahead still counts; a Lease dated an hour or
+    # years ahead (forged, or a node's clock gone wrong) never went stale before.
+    assert lease_live(lease_of(card(1), renewed=60), now)
+    assert not lease_live(lease_of(card(1), renewed=3600), now)
+    assert not lease_live({"spec": {"renewTime": "9999-12-31T23:59:59.000000Z",
+                                    "leaseDurationSeconds": 180}}, now)
 
 
 # ---------------------------------------------------------------- the ring sample
