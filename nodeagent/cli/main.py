@@ -216,13 +216,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from nodeagent.publish.status import read_status, status_path
+    from nodeagent.publish.status import read_status, stale_after, status_path
 
     cfg = _load(args.config)
-    stale_after = 2 * cfg.resync_interval + 10
     path = status_path(cfg.runtime_dir)
     try:
-        view = read_status(cfg.runtime_dir, stale_after)
+        view = read_status(cfg.runtime_dir, stale_after(cfg.resync_interval))
     except FileNotFoundError:
         missing = f"no status file at {path}: the daemon has not run"
         if args.json:

@@ -133,7 +133,7 @@ def _int(v: Any) -> int | None:
 
 def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
     """The agent's own word, from its status file; its problems fail the preflight."""
-    from nodeagent.publish.status import read_status, status_path
+    from nodeagent.publish.status import read_status, stale_after, status_path
 
     path = status_path(runtime_dir)
     try:
@@ -144,8 +144,7 @@ def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
     except (OSError, ValueError) as exc:
         return NodeVerdict(problem=f"{path}: {printable(str(exc))[:300]}")
     data = view.data
-    every = obj(data.get("daemon")).get("resync_interval")
-    stale = 2 * every + 10 if isinstance(every, int | float) and every > 0 else 70.0
+    stale = stale_after(obj(data.get("daemon")).get("resync_interval"))
     view = replace(view, stale=view.age > stale)  # stale as `nodeagent status` judges it
     rails = tuple(NodeRail(text(r.get("name")), text(r.get("address")) or None,
                            text(r.get("rdma_device")) or None, _int(r.get("rdma_port")),

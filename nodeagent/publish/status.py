@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nodeagent.config import MAX_DURATION
 from nodeagent.io.files import (
     STATUS_MAX,
     make_dirs,
@@ -287,6 +288,17 @@ def validate_status(raw: Any) -> dict[str, Any]:
             or not math.isfinite(updated):
         raise ValueError("not a nodeagent status file (daemon.updated_at is not a time)")
     return raw
+
+
+def stale_after(resync_interval: Any) -> float:
+    """Seconds after which the daemon's last pass is stale: two resyncs and 10 s. One rule
+    for `nodeagent status` (its config's interval) and preflight (the interval the status
+    file says): a value no config could hold (a forged 1e300) counts as the default 30 s,
+    or a year-old status would pass."""
+    every = resync_interval if isinstance(resync_interval, int | float) \
+        and not isinstance(resync_interval, bool) and 1.0 <= resync_interval <= MAX_DURATION \
+        else 30.0
+    return 2 * every + 10
 
 
 def read_status(runtime_dir: Path, stale_after: float) -> StatusView:

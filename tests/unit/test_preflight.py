@@ -388,3 +388,26 @@ def test_a_status_file_whose_lists_are_not_lists_is_read_not_a_traceback(
     (tmp_path / "status.json").write_text(json.dumps(doc))
     got = verdict_from_status(tmp_path)
     assert got.node == "gpu-05" and got.rails == () and got.lustre == ()
+
+
+@pytest.mark.parametrize("every", [1e300, 1e9, -5, True, "30"])
+def test_a_forged_resync_interval_does_not_keep_a_year_old_status_fresh(
+        tmp_path: Path, every: object) -> None:
+    """A status file saying resync_interval 1e300, a year old, passed preflight while
+    `nodeagent status` called it stale: one rule for both (publish/status.py
+    stale_after), a value no config could hold counting as the default."""
+    from nodeagent.publish.status import DaemonLock
+
+    doc = {"node": "gpu-05", "ok": True, "actions": [], "errors": [],
+           "conditions": [{"type": "FabricReady", "status": "True",
+                           "reason": "AllConditionsPassed", "message": "ok"}],
+           "daemon": {"updated_at": time.time() - 365 * 86400, "resync_interval": every,
+                      "pid": os.getpid()}}
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    lock = DaemonLock(tmp_path)
+    lock.acquire()  # a daemon holds the runtime dir: the file is its, and wedged
+    try:
+        got = verdict_from_status(tmp_path)
+    finally:
+        lock.release()
+    assert got.problem is not None and "status is stale" in got.problem, got
