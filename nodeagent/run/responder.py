@@ -5,7 +5,8 @@ It listens on each ready rail's own address (never a wildcard), one thread for a
 every socket non-blocking under one selector. A connection from an address that is not one
 of the rail's peers (with discovery: not on the rail's own network) is refused at once (a
 48-byte Refuse, no QP); one over the limits
-(MAX_CONNECTIONS in all, MAX_PER_PEER from one address) likewise. A known peer has
+(MAX_CONNECTIONS in all, MAX_PER_PEER from one address, and with discovery at most half of
+them from addresses no list names) likewise. A known peer has
 HANDSHAKE seconds from its accept to deliver exactly one Hello: more bytes, other bytes or
 too slow a trickle closes the connection. A valid Hello gets one RC QP on the rail's pinned
 GID, moved to RTS against the prober's QP, and an Accept naming a 4 KiB buffer the prober
@@ -51,6 +52,7 @@ from nodeagent.run.own_rdma import OwnRDMA
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64  # open at once, over every rail
+MAX_UNLISTED = MAX_CONNECTIONS // 2  # of them, from addresses only the network answers
 MAX_PER_PEER = 2  # open at once from one address (a prober probes one at a time)
 HANDSHAKE = 1.0  # seconds from accept to a whole Hello
 LOG_EVERY = 60.0  # seconds between two warnings of one rail
@@ -83,6 +85,7 @@ class _Conn:
     rail: str
     peer: str
     deadline: float
+    listed: bool = True  # a peer the lists name, not only an address on the rail's network
     data: bytes = b""
     qp: Any = None  # set once the Hello is answered
 
@@ -244,7 +247,8 @@ class Responder(threading.Thread):
             if refusal is not None:
                 self._refuse(sock, refusal)
                 continue
-            conn = _Conn(sock, name, peer, time.monotonic() + HANDSHAKE)
+            conn = _Conn(sock, name, peer, time.monotonic() + HANDSHAKE,
+                         listed=peer in rail.served.peers)
             self._conns[sock] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
@@ -254,6 +258,11 @@ class Responder(threading.Thread):
         if len(self._conns) >= MAX_CONNECTIONS:
             return Refusal.BUSY
         if sum(1 for c in self._conns.values() if c.peer == peer) >= MAX_PER_PEER:
+            return Refusal.BUSY
+        # With discovery, any address on the rail's network is answered: those no list
+        # names share half the slots, so they cannot crowd out the peers this agent knows.
+        if peer not in rail.served.peers and sum(
+                1 for c in self._conns.values() if not c.listed) >= MAX_UNLISTED:
             return Refusal.BUSY
         return None
 

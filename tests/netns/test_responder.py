@@ -11,9 +11,11 @@ is proven between two guests on soft-RoCE (tests/lab/test_peers.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -332,3 +334,59 @@ def test_with_discovery_any_address_on_the_rails_network_is_answered_and_no_othe
     # Answered, on the network (the allow-list is taken at the responder's next turn):
     _until(lambda: reply_to(STRANGER) == Refuse(Refusal.DEVICE), "the network answered")
     assert reply_to("10.10.1.9", hello=False) == Refuse(Refusal.UNKNOWN_PEER)
+
+
+def test_with_discovery_unlisted_addresses_cannot_crowd_out_a_listed_peer(
+        wire: tuple[Netns, Netns], responder: Responder) -> None:
+    """peers.discover answers any address on the rail's network. Before, 40 such addresses
+    (2 connections each, their handshakes held open) took all 64 slots and the peer this
+    agent had listed was refused as busy 36 of 46 times; now those no list names share
+    half the slots and the listed peer is answered."""
+    from ipaddress import IPv4Network
+
+    from nodeagent.run.responder import MAX_UNLISTED
+
+    _, peers = wire
+    crowd = [f"10.10.0.{100 + i}" for i in range(40)]
+    for address in crowd:
+        peers.ip("addr", "add", f"{address}/24", "dev", "p0")
+    responder.serve({"rail0": Served(SERVED["rail0"].target, frozenset({KNOWN}),
+                                     frozenset({IPv4Network("10.10.0.0/24")}))})
+
+    def answered(source: str) -> bool:
+        s = connect(peers, source)
+        s.sendall(hello_from(source))
+        try:
+            return parse_reply(read_all(s)) == Refuse(Refusal.DEVICE)
+        finally:
+            s.close()
+
+    _until(lambda: answered(crowd[0]), "the network answered (taken at the next turn)")
+    _until(lambda: responder.open_connections == 0, "that one closed")
+    # The crowd: 2 silent connections from each address, re-made as the responder cuts
+    # them at their handshake deadline (1 s), for as long as the case runs.
+    stop = threading.Event()
+
+    def crowd_of(address: str) -> None:
+        while not stop.is_set():
+            socks = []
+            for _ in range(2):
+                with contextlib.suppress(OSError):  # turned away, or cut: made again
+                    socks.append(connect(peers, address, timeout=1.0))
+            stop.wait(HANDSHAKE)
+            for one in socks:
+                one.close()
+
+    threads = [threading.Thread(target=crowd_of, args=(a,), daemon=True) for a in crowd]
+    for t in threads:
+        t.start()
+    try:
+        _until(lambda: responder.open_connections >= MAX_UNLISTED,
+               "the unlisted crowd holding its half of the slots")
+        assert all(answered(KNOWN) for _ in range(10))  # never BUSY
+        assert responder.open_connections <= MAX_UNLISTED + MAX_PER_PEER
+        assert responder.counts.refused["BUSY"] > 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
