@@ -10,6 +10,7 @@ Names follow Prometheus conventions and node_exporter's habits, so series join w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import socket
@@ -266,7 +267,9 @@ def _lustre(mounts: Iterable[LustreProbeStatus]) -> Iterable[Metric]:
 
 
 MAX_CONNECTIONS = 16  # scrapers are few; more at once are closed on accept
+MAX_PER_ADDRESS = 4  # from one address: one client cannot hold every slot
 IDLE_TIMEOUT = 5.0  # seconds a connection may sit without sending its request
+REQUEST_DEADLINE = 10.0  # seconds a whole connection may last: a trickle is cut too
 
 
 class _Handler(MetricsHandler):
@@ -275,9 +278,11 @@ class _Handler(MetricsHandler):
 
 class BoundedMetricsServer(ThreadingHTTPServer):
     """prometheus_client's handler behind a server with limits: at most MAX_CONNECTIONS
-    handled at once (each further one is closed as soon as it is accepted, so it holds a
-    descriptor for microseconds, not forever), an idle/read timeout on every connection,
-    and a peer that resets or times out costs a debug line, not a traceback."""
+    handled at once and MAX_PER_ADDRESS from one address (each further one is closed as
+    soon as it is accepted, so it holds a descriptor for microseconds, not forever), an
+    idle/read timeout on every read and REQUEST_DEADLINE on the whole connection (a byte
+    every few seconds resets a read timeout, not the deadline), and a peer that resets or
+    times out costs a debug line, not a traceback."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -287,24 +292,54 @@ class BoundedMetricsServer(ThreadingHTTPServer):
                  family: socket.AddressFamily = socket.AF_INET) -> None:
         self.address_family = family
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._by_address: dict[str, int] = {}
         self.refused = 0
+        self.cut = 0  # connections ended at REQUEST_DEADLINE
         super().__init__(address, type("Handler", (_Handler,), {"registry": registry}))
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        address = str(client_address[0])
+        with self._lock:
+            crowded = self._by_address.get(address, 0) >= MAX_PER_ADDRESS
+            if not crowded:
+                self._by_address[address] = self._by_address.get(address, 0) + 1
+        if crowded or not self._slots.acquire(blocking=False):
+            if not crowded:
+                self._release(address, slot=False)
             self.refused += 1
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(address)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(REQUEST_DEADLINE, self._cut, (request,))
+        deadline.daemon = True
+        deadline.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            deadline.cancel()
+            self._release(str(client_address[0]))
+
+    def _cut(self, request: socket.socket) -> None:
+        """The deadline: the handler's blocked read or write fails, and it ends."""
+        self.cut += 1
+        with contextlib.suppress(OSError):
+            request.shutdown(socket.SHUT_RDWR)
+
+    def _release(self, address: str, slot: bool = True) -> None:
+        with self._lock:
+            left = self._by_address.get(address, 0) - 1
+            if left > 0:
+                self._by_address[address] = left
+            else:
+                self._by_address.pop(address, None)
+        if slot:
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
