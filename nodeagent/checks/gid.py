@@ -176,6 +176,10 @@ def gid_finding(
             continue
         v2 = ipv4_v2_entries(rail, table)
         if not v2:
+            unreadable = _unreadable(rail, entries[0].device, table)
+            if unreadable is not None:  # it may sit in a slot that could not be read
+                problems.unknown("GIDTableUnreadable", unreadable)
+                continue
             problems.fail("GIDMissing", f"{rail.label}: no IPv4 RoCE v2 GID for {rail.ip} "
                                         f"on {entries[0].device} port {entries[0].port}")
             continue

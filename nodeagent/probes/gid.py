@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
-from nodeagent.io.files import open_counted, read_attribute
+from nodeagent.io.files import NotARegularFile, open_counted, read_attribute
 from nodeagent.model import GidEntry, GidReadError, GidTable, GidType
 
 GidSource = Literal["auto", "pyverbs", "sysfs"]
@@ -67,15 +67,6 @@ def _read_text(path: Path, where: Where) -> str | None:
         return None
 
 
-def _read_at(dir_fd: int, name: str) -> str | None:
-    """Like _read_text, relative to an open directory: a port has up to 1024 slots to read,
-    and this is several times cheaper than pathlib per file."""
-    try:
-        return read_attribute(name, dir_fd=dir_fd)
-    except OSError:
-        return None
-
-
 def rdma_devices(sysfs_root: Path) -> list[str]:
     base = sysfs_root / "class" / "infiniband"
     try:
@@ -109,10 +100,18 @@ def _read_port_sysfs(sysfs_root: Path, device: str, port: int,
         return [], [GidReadError(device, f"{device} port {port}: cannot list GIDs: "
                                          f"{exc.strerror or exc}")]
     try:
-        raw_gids = []
+        raw_gids: list[tuple[str, str | None]] = []
         for n in sorted(filter(str.isdigit, names), key=int):
             where.path = f"{base}/gids/{n}"
-            raw_gids.append((n, _read_at(gids_fd, n)))
+            try:
+                raw_gids.append((n, read_attribute(n, dir_fd=gids_fd)))
+            except NotARegularFile as exc:
+                # Not an empty slot: a slot that cannot be read (a broken driver, a forged
+                # tree) is said, or a GID there would be reported missing with no reason.
+                errors.append(GidReadError(device, f"{device} port {port} gid {n}: "
+                                                   f"{exc.strerror}"))
+            except OSError:
+                raw_gids.append((n, None))
     finally:
         os.close(gids_fd)
     for name, raw in raw_gids:

@@ -80,3 +80,24 @@ def test_generated_trees(tmp_path_factory: Any, slots: dict[int, tuple[Any, Any,
     assert all(v is None or isinstance(v, str) for v in values.values())
     assert read_health(root, root / "proc").state in (
         "healthy", "unhealthy", "lbug", "unreadable", "absent")
+
+
+def test_a_gid_slot_that_is_not_a_file_is_an_error_not_an_empty_slot(tmp_path: Path) -> None:
+    """A FIFO where the rail's GID sits: before, read as an empty slot, so the verdict was
+    GIDMissing (False) with an empty errors list: a missing GID, said with no reason. Now
+    the slot is an error naming it, and the verdict is Unknown with it (GIDTableUnreadable,
+    as for a port whose whole table cannot be read)."""
+    port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    _put(port / "gids" / "0", "fe80:0000:0000:0000:0000:0000:0000:0001")
+    _put(port / "gid_attrs" / "types" / "0", "RoCE v2")
+    _put(port / "gid_attrs" / "ndevs" / "0", "r0")
+    _put(port / "gids" / "1", ("fifo", None))
+    table = read_sysfs(tmp_path)
+    assert [e.text for e in table.errors] == [
+        "mlx5_0 port 1 gid 1: a FIFO, not a regular file"], table.errors
+    cfg = parse_config({"rails": [{"name": "rail0", "interface": "r0",
+                                   "address": "10.10.0.5/24"}]})
+    verdict = gid_finding(cfg, table, {}).finding
+    assert (verdict.status, verdict.reason, verdict.message) == (
+        "Unknown", "GIDTableUnreadable", "rail0 r0: GID table unreadable (mlx5_0 port 1 gid "
+        "1: a FIFO, not a regular file)"), verdict
