@@ -535,6 +535,18 @@ def _resource_name(v: str) -> str:
 
 ResourceName = Annotated[str, AfterValidator(_resource_name)]
 
+_IMAGE_PREFIX = re.compile(r"[a-z0-9][a-z0-9._/:@-]{0,254}")
+
+
+def _image_prefix(v: str) -> str:
+    if not _IMAGE_PREFIX.fullmatch(v):
+        raise ValueError(f"{shown(v)} is not an image reference prefix (registry/repo[:tag])")
+    return v
+
+
+# An image reference's start: letters a CEL string holds without escaping.
+ImagePrefix = Annotated[str, AfterValidator(_image_prefix)]
+
 
 class Jobs(_Strict):
     """The job gate `nodeagent deploy` renders (deploy/job-policy.yaml): in an opted-in
@@ -543,6 +555,10 @@ class Jobs(_Strict):
     gpu_resources: list[ResourceName] = Field(default_factory=lambda: ["nvidia.com/gpu"],
                                               min_length=1, max_length=16)
     rdma_resource: ResourceName | None = None  # default: device_plugin.resource
+    # Images the nodeagent-preflight init container may run, as prefixes
+    # ("registry.example/nodeagent:"); empty: any image of that name (the name alone let
+    # any image called nodeagent-preflight pass).
+    preflight_images: list[ImagePrefix] = Field(default_factory=list, max_length=16)
 
 
 class CustomCheck(_Strict):

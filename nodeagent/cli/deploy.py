@@ -28,6 +28,10 @@ def render(cfg: Config) -> dict[str, str]:
         # Resource names are validated (config.ResourceName): no quote can reach the CEL.
         "gpu_resources": "[" + ", ".join(f"'{r}'" for r in cfg.jobs.gpu_resources) + "]",
         "gpu_list": ", ".join(cfg.jobs.gpu_resources),
+        # Validated (config.ImagePrefix): letters no CEL or YAML string needs escaped.
+        "preflight_images": "[" + ", ".join(f"'{i}'" for i in cfg.jobs.preflight_images) + "]",
+        "preflight_image_list": ", ".join(f"{i}*" for i in cfg.jobs.preflight_images)
+        or "any",
         "rdma_resource": rdma,
         "namespace": kube.lease_namespace,
         # Every registered type (checks/conditions.py): the policy allows what the agent

@@ -156,6 +156,47 @@ def test_the_preflight_binding_asks_for_the_init_container(apiserver: ApiServer,
     assert create(core, spaces["gated"], pod("no-init", {GPU: "8", RDMA: "1"})) is None
 
 
+def test_with_preflight_images_set_only_those_images_pass_as_the_preflight(
+        apiserver: ApiServer, spaces: dict[str, str]) -> None:
+    """The name alone let any image called nodeagent-preflight pass. The policy rendered
+    with `jobs.preflight_images`, applied beside the default one under other names (both
+    bound to the same namespaces: the default's pods use an allowed image), refuses an
+    init container of that name running another image, naming the allowed ones."""
+    import yaml
+
+    from nodeagent.cli.deploy import render
+    from nodeagent.config import parse_config
+
+    text = render(parse_config({"jobs": {"preflight_images": [
+        "registry.example/nodeagent:"]}}))["job-policy.yaml"]
+    docs_ = [d for d in yaml.safe_load_all(text.replace(
+        "nodeagent-job-preflight", "nodeagent-job-preflight-images")) if d]
+    policy = next(d for d in docs_ if d["kind"] == "ValidatingAdmissionPolicy"
+                  and d["metadata"]["name"] == "nodeagent-job-preflight-images")
+    binding = next(d for d in docs_ if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                   and d["spec"]["policyName"] == "nodeagent-job-preflight-images")
+    admin = apiserver.client("admin")
+    api = k8s.AdmissionregistrationV1Api(admin)
+    api.create_validating_admission_policy(policy)  # type: ignore[arg-type]
+    api.create_validating_admission_policy_binding(binding)  # type: ignore[arg-type]
+    core = k8s.CoreV1Api(admin)
+    try:
+        other = pod("other-image", {GPU: "8", RDMA: "1"}, init=True)
+        other["spec"]["initContainers"][0]["image"] = "evil.example/anything:1"
+        refused = wait_for(lambda: create(core, spaces["preflight"], other), 60,
+                           "the image policy enforced")
+        assert ("the nodeagent-preflight init container runs an image that is not "
+                "nodeagent's (registry.example/nodeagent:*)") in refused, refused
+        assert create(core, spaces["preflight"], pod("ours", {GPU: "8", RDMA: "1"},
+                                                     init=True)) is None
+        status = wait_for(lambda: api.read_validating_admission_policy(
+            "nodeagent-job-preflight-images").status, 30, "its type check")
+        assert not (status.type_checking and status.type_checking.expression_warnings)
+    finally:
+        api.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        api.delete_validating_admission_policy("nodeagent-job-preflight-images")
+
+
 def test_a_job_whose_pods_are_refused_shows_why_in_its_events(
         apiserver: ApiServer, spaces: dict[str, str], tmp_path: Path) -> None:
     """The real job controller creates the Job's pods; the policy refuses them; the
