@@ -101,6 +101,8 @@ class PeersSeen(Delivered):
     window: int = 60  # how many of each peer's probes are judged (peers.window)
     listed: Mapping[str, tuple[PeerRef, ...]] = field(default_factory=dict)  # rail -> peers
     short: Mapping[str, str] = field(default_factory=dict)  # rail -> why fewer were found
+    # rail -> why this node's responder does not listen there (its peers cannot probe it)
+    not_listening: Mapping[str, str] = field(default_factory=dict)
     # Each peer's probes over the rounds so far (the fold keeps one, owned by the loop).
     history: PeerHistory = field(default_factory=PeerHistory, compare=False, repr=False)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.checks.conditions import judge_pass
-from nodeagent.checks.facts import Facts
+from nodeagent.checks.facts import Facts, PeersSeen
 from nodeagent.checks.gid import (
     GidVerdict,
     gid_finding,
@@ -409,6 +409,10 @@ class Evaluator:
         if cfg.hardware is not None and (full or now >= due.hardware_at):
             self._read_ports(errors)
             due.hardware_at = now + cfg.hardware.interval
+        peers = store.get(PeersSeen)
+        if peers is not None and cfg.peers is not None:
+            errors.extend(f"peer responder, {rail}: {why} (its peers cannot probe this node)"
+                          for rail, why in sorted(peers.not_listening.items()))
         return errors
 
     def transport_targets(self) -> Targets:

@@ -72,11 +72,14 @@ def served_rails(cfg: Config, listing: Listing, targets: Targets) -> dict[str, S
 class PeerProber(Periodic):
     """One round: every ready rail's peers probed in turn, delivered together."""
 
-    def __init__(self, cfg: Config, deliver: Deliver, own_rdma: OwnRDMA | None = None) -> None:
+    def __init__(self, cfg: Config, deliver: Deliver, own_rdma: OwnRDMA | None = None,
+                 not_listening: Callable[[], Mapping[str, str]] = dict) -> None:
         super().__init__("peer-probe")
         self.cfg = cfg
         self.deliver = deliver
         self.own_rdma = own_rdma or OwnRDMA()
+        self.not_listening = not_listening  # the responder's rails it cannot listen on
+        self._unheard: Mapping[str, str] = {}
         self.targets: Targets | None = None
         self._ends: dict[str, RailEnd] = {}
         # Rounds not handed over yet (quiet ones are batched), and the last outcomes.
@@ -116,7 +119,9 @@ class PeerProber(Periodic):
         every 10 s, not one a round, and a failure is still judged the round it happens."""
         for rail in [r for r in self._pending if r not in probes]:
             del self._pending[rail]  # skipped or gone: its batch with it
-        news = skipped != self._skipped or (listing, self.short) != self._listed
+        unheard = self.not_listening()
+        news = skipped != self._skipped or (listing, self.short) != self._listed \
+            or unheard != self._unheard
         failures = self.cfg.peers.failures if self.cfg.peers is not None else 1
         for rail, got in probes.items():
             self._pending.setdefault(rail, []).extend(got)
@@ -131,7 +136,9 @@ class PeerProber(Periodic):
         if not news and now - self._delivered_at < QUIET_DELIVERY:
             return
         batch = {rail: tuple(got) for rail, got in self._pending.items()}
-        self.deliver(PeersSeen(batch, skipped, window, dict(listing), dict(self.short)))
+        self.deliver(PeersSeen(batch, skipped, window, dict(listing), dict(self.short),
+                               dict(unheard)))
+        self._unheard = unheard
         self._pending.clear()
         self._skipped = dict(skipped)
         self._listed = (dict(listing), dict(self.short))
@@ -205,7 +212,8 @@ class PeerService:
         self.cfg = cfg
         self.own_rdma = own_rdma or OwnRDMA()
         self.responder = _responder(peers, self.own_rdma)
-        self.prober = PeerProber(cfg, deliver, self.own_rdma)
+        self.prober = PeerProber(cfg, deliver, self.own_rdma,
+                                 not_listening=lambda: self.responder.not_listening())
         self._new_discovery = discovery
         self.discovery: PeerDiscovery | None = None
         self.found: Discovered | None = None

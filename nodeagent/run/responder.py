@@ -147,6 +147,11 @@ class Responder(threading.Thread):
         with contextlib.suppress(OSError):  # the pipe is full: a wake is pending anyway
             self._wake_w.send(b"x")
 
+    def not_listening(self) -> dict[str, str]:
+        """Rail -> why the responder could not listen there (the status file says it)."""
+        with self._lock:
+            return dict(self.errors)
+
     @property
     def listening(self) -> dict[str, tuple[str, int]]:
         with self._lock:
@@ -209,12 +214,13 @@ class Responder(threading.Thread):
         except OSError as exc:
             sock.close()
             why = f"cannot listen on {served.target.address}:{self.port}: {exc.strerror or exc}"
-            if self.errors.get(name) != why:
-                log.error("peer responder, %s: %s", name, why)
-            self.errors[name] = why
+            with self._lock:
+                if self.errors.get(name) != why:
+                    log.error("peer responder, %s: %s", name, why)
+                self.errors[name] = why
             return
-        self.errors.pop(name, None)
         with self._lock:
+            self.errors.pop(name, None)
             self._rails[name] = _Rail(served, sock)
         self._sel.register(sock, selectors.EVENT_READ, name)
 

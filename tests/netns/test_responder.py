@@ -390,3 +390,30 @@ def test_with_discovery_unlisted_addresses_cannot_crowd_out_a_listed_peer(
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_a_port_it_cannot_listen_on_is_told_not_only_logged(
+        wire: tuple[Netns, Netns]) -> None:
+    """Another process holds the rail's address and port: before, only the log said so;
+    now the responder tells it (the prober hands it on with its round, and the status
+    file's errors carry it: tests/unit/test_peer_probe.py)."""
+    node, _ = wire
+    with entered(node):
+        squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        r = Responder(PORT, hold=3.0)
+        r.start()
+    squatter.bind((RAIL, PORT))
+    squatter.listen(1)
+    try:
+        r.serve(SERVED)
+        _until(lambda: r.not_listening().get("rail0"), "the failure told")
+        assert r.not_listening() == {
+            "rail0": f"cannot listen on {RAIL}:{PORT}: Address already in use"}
+        squatter.close()
+        r.serve(SERVED)  # the loop hands the rails over after every pass: tried again
+        _until(lambda: "rail0" in r.listening, "listening once the port is free")
+        assert r.not_listening() == {}
+    finally:
+        squatter.close()
+        r.stop()
+        r.join(timeout=5)

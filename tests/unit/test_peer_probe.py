@@ -395,6 +395,24 @@ def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> No
     assert got[-1].skipped == {"rail0": "its GID is off its pinned index"}
 
 
+def test_the_responders_rails_it_cannot_listen_on_go_with_the_round() -> None:
+    """The responder's bind failure was only logged: now each round carries it (news when
+    it changes), and the pass puts it in the status file's errors (run/evaluate.py)."""
+    from nodeagent.run.peers import PeerProber
+
+    got: list[PeersSeen] = []
+    unheard: dict[str, str] = {}
+    prober = PeerProber(CFG, got.append,  # type: ignore[arg-type]
+                        not_listening=lambda: dict(unheard))
+    listing = static_peers(CFG.peers)
+    prober._hand_over({"rail0": (probe("10.10.0.6", OK, at=0),)}, {}, 60, listing)
+    prober._hand_over({"rail0": (probe("10.10.0.6", OK, at=1),)}, {}, 60, listing)
+    assert len(got) == 1 and got[-1].not_listening == {}  # quiet: batched
+    unheard["rail0"] = "cannot listen on 10.10.0.5:18600: Address already in use"
+    prober._hand_over({"rail0": (probe("10.10.0.6", OK, at=2),)}, {}, 60, listing)
+    assert len(got) == 2 and got[-1].not_listening == unheard
+
+
 @pytest.mark.parametrize("reply,words", [
     (Accept(7, 1, ipv4_gid("10.99.0.1"), 1024, 0, 0, 4096), "not the peer's ::ffff:127.0.0.1"),
     (Accept(7, 1, ipv4_gid("127.0.0.1"), 4096, 0, 0, 4096), "at most 1024"),
