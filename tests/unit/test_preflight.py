@@ -411,3 +411,37 @@ def test_a_forged_resync_interval_does_not_keep_a_year_old_status_fresh(
     finally:
         lock.release()
     assert got.problem is not None and "status is stale" in got.problem, got
+
+
+def test_any_status_file_gives_preflight_a_verdict_or_a_problem_never_an_exception() -> None:
+    """The status file is the host agent's, mounted read-only into a pod: a forged or broken
+    one gives a verdict or a problem line (generated JSON of any shape, and raw bytes)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+        | st.text(max_size=12),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8),
+                                                                    inner, max_size=4),
+        max_leaves=15)
+    docs = st.fixed_dictionaries({}, optional={
+        "node": values, "ok": values, "rails": values, "lustre": values, "errors": values,
+        "conditions": st.lists(st.fixed_dictionaries({}, optional={
+            "type": st.sampled_from(["FabricReady"]) | values, "status": values,
+            "reason": values, "message": values}) | values, max_size=3) | values,
+        "daemon": st.fixed_dictionaries({}, optional={
+            "pid": values, "updated_at": values, "resync_interval": values}) | values})
+
+    @given(docs.map(lambda d: json.dumps(d).encode()) | st.binary(max_size=300))
+    @settings(max_examples=200, deadline=None)
+    def check(data: bytes) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as run:
+            Path(run, "status.json").write_bytes(data)
+            got = verdict_from_status(Path(run))
+        assert isinstance(got, NodeVerdict)
+        assert got.problem is None or "\n" not in got.problem
+
+    check()
