@@ -219,6 +219,9 @@ class KernelEvent:
     src: str | None = None  # a rule's source address, a route's preferred source
     link: LinkState | None = None  # a link's state as the kernel announced it
     deletion: Deletion | None = None  # an IPv4 address, route or rule removed
+    # A link that left this network namespace for another (RTM_DELLINK with
+    # IFLA_NEW_NETNSID): moved into a pod by a DRA driver or a CNI, not deleted.
+    moved_away: bool = False
 
 
 @dataclass(frozen=True)
@@ -931,6 +934,9 @@ class RailStatus:
     carrier_losses_total: int | None = None
     carrier_losses_in_window: int | None = None
     repairs_total: Mapping[str, int] | None = None  # drift kind -> repairs since start
+    # Seconds since its netdev moved to another network namespace (lent to a pod): while
+    # lent, the rail is not checked, probed or repaired.
+    lent_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -952,6 +958,8 @@ class RailStatus:
             out["carrier_losses_in_window"] = self.carrier_losses_in_window
         if self.repairs_total is not None:
             out["repairs_total"] = dict(self.repairs_total)
+        if self.lent_seconds is not None:
+            out["lent_seconds"] = round(self.lent_seconds, 1)
         t = self.transport
         if t is not None:
             out["transport"] = {

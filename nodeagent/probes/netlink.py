@@ -36,6 +36,7 @@ RTEXT_FILTER_SKIP_STATS = 1 << 3  # the kernel leaves the link statistics out
 
 _LINK = frozenset({"IFLA_IFNAME", "IFLA_MTU", "IFLA_CARRIER", "IFLA_OPERSTATE",
                    "IFLA_CARRIER_CHANGES", "IFLA_CARRIER_DOWN_COUNT"})
+_MOVED = frozenset({"IFLA_NEW_NETNSID"})
 _ADDR = frozenset({"IFA_ADDRESS"})
 _ROUTE = frozenset({"RTA_TABLE", "RTA_DST", "RTA_GATEWAY", "RTA_OIF", "RTA_PREFSRC"})
 _RULE = frozenset({"FRA_SRC", "FRA_PRIORITY", "FRA_TABLE"})
@@ -110,8 +111,12 @@ def kernel_event(msg: Any) -> KernelEvent | None:
     deletion = deletion_from_msg(msg)
     if kind is EventKind.LINK:
         link = link_from_msg(msg)  # a deleted link's last state is no observation
+        gone = msg["event"] == "RTM_DELLINK"
+        # A link moved to another namespace leaves with the namespace it went to (the
+        # kernel's rtmsg_ifinfo_newnet; `ip monitor` shows "new-netnsid").
+        moved = gone and bool(_attrs(msg, _MOVED))
         return KernelEvent(kind, index=link.index, ifname=link.ifname,
-                           link=None if msg["event"] == "RTM_DELLINK" else link)
+                           link=None if gone else link, moved_away=moved)
     if kind is EventKind.ADDRESS:
         return KernelEvent(kind, index=int(msg["index"]), deletion=deletion)
     if kind is EventKind.ROUTE:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import logging
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from typing import Any, ClassVar
 from nodeagent.config import Config, Rail, sysctl_parts
 from nodeagent.io.files import write_attribute
 from nodeagent.model import Drift, DriftKind
+
+log = logging.getLogger(__name__)
 
 RT_SCOPE_LINK = 253
 RTPROT_STATIC = 4
@@ -234,13 +237,23 @@ def execute(
     """Run actions in order; return (done, one error line per failed action)."""
     done: list[Action] = []
     errors: list[str] = []
+    gone: set[str] = set()  # rails whose link left this namespace meanwhile
     for action in actions:
+        if action.rail in gone:
+            continue
         try:
             action.run(ipr, procfs_root, rails[action.rail])
         except Exception as exc:  # NetlinkError, OSError: report it and go on with the rest
             code = _netlink_errno(exc)
             if code is not None and code == action.ALREADY_DONE:
                 continue  # someone else did it between our probe and now
+            if code == errno.ENODEV:
+                # The link is gone from this namespace: moved into a pod (its addresses and
+                # routes go first, then the link) or deleted. Its link event says which;
+                # nothing to repair on it, and no error of the repair.
+                log.debug("%s: its link is gone: %s", action.text, exc)
+                gone.add(action.rail)
+                continue
             errors.append(f"{action.text}: failed: {exc}")
             continue
         done.append(action)

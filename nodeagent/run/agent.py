@@ -160,6 +160,8 @@ class Agent:
             rail = index.by_name.get(event.link.ifname)
             if rail:
                 self.history.link_event(self.clock(), rail, event.link)
+        if event.kind is EventKind.LINK:
+            self._lent(index.by_name.get(event.ifname or ""), event)
         gid_work = event.kind in (EventKind.ADDRESS, EventKind.LINK)
         if gid_work and hit:
             self.evaluator.mark_gid_stale()  # the kernel's GID work follows these
@@ -168,6 +170,19 @@ class Agent:
             # slots closely until the table has settled.
             self.sources.gid_watcher.settle()
         return hit
+
+    def _lent(self, rail: str | None, event: KernelEvent) -> None:
+        """A rail's netdev gone to another network namespace is lent (a pod's, by a DRA
+        driver or a CNI); back in this one, or deleted for good, it is not."""
+        if rail is None:
+            return
+        if event.moved_away:
+            self.store.lent.setdefault(rail, self.clock())
+            log.info("%s: its netdev moved to another network namespace: lent, not checked "
+                     "or repaired until it returns", rail)
+        elif self.store.lent.pop(rail, None) is not None:
+            log.info("%s: %s", rail, "back in this network namespace: checked again"
+                     if event.link is not None else "its netdev was deleted")
 
     # ------------------------------------------------------------ passes
 

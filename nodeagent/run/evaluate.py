@@ -33,11 +33,13 @@ from nodeagent.io.files import descriptor_faults
 from nodeagent.io.systemd import RAIL
 from nodeagent.model import (
     GID_AFFECTING,
+    ROCE_NETWORK_READY,
     Deletion,
     GidTable,
     Pin,
     PortHealth,
     RailEndpoint,
+    RailStatus,
     Report,
     Targets,
 )
@@ -260,7 +262,8 @@ class Evaluator:
         if between is not None:
             between()
         for name in names:
-            if (skip_repair and name in skip_repair) or not self.cfg.manages(self.rails[name]):
+            if (skip_repair and name in skip_repair) or not self.cfg.manages(self.rails[name]) \
+                    or name in self.store.lent:
                 continue
             drift = rail_drift(self.cfg, self.rails[name], self.store.observations[name])
             actions = plan_rail(self.cfg, self.rails[name], self.ifindex(name), drift)
@@ -288,7 +291,8 @@ class Evaluator:
         paused = self.paused()
         for name in rails:
             rail = self.rails.get(name)
-            if rail is None or name in paused or not self.cfg.manages(rail):
+            if rail is None or name in paused or not self.cfg.manages(rail) \
+                    or name in self.store.lent:
                 continue
             ifindex = self.ifindex(name)
             drift = deletion_drift(rail, ifindex, gone)
@@ -423,6 +427,8 @@ class Evaluator:
         skipped: dict[str, str] = {}
         shifts = self.gid_verdict.shifts if self.gid_verdict is not None else {}
         for rail in self.cfg.rails:
+            if rail.name in self.store.lent:
+                continue  # not here to probe (nor to answer on)
             pin = pin_for(rail, self.pins)
             device, port = self._rail_port(rail)
             if rail.name in shifts:
@@ -486,11 +492,34 @@ class Evaluator:
         observe_facts met."""
         repairs = repairs or Repairs()
         judged = self.facts()
-        report = judge_pass(self.cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
+        cfg = self.judged_config()
+        report = judge_pass(cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
-        self.gid_verdict = judged.derive(gid_verdict, self.cfg)  # the judge's, not again
+        self._say_lent(report)
+        self.gid_verdict = judged.derive(gid_verdict, cfg)  # the judge's, not again
         self.repins.settled(self.gid_verdict.shifts)
         return report
+
+    def judged_config(self) -> Config:
+        """The config a pass judges: without the rails lent to another network namespace
+        (a pod's), which are not missing: no drift, no GID verdict, no probe, no repair."""
+        if not self.store.lent:
+            return self.cfg
+        return self.cfg.model_copy(update={"rails": [
+            r for r in self.cfg.rails if r.name not in self.store.lent]})
+
+    def _say_lent(self, report: Report) -> None:
+        """Each lent rail in the status (its own row) and in RoCENetworkReady's message."""
+        now = self.clock()
+        lent = [(r, now - self.store.lent[r.name]) for r in self.cfg.rails
+                if r.name in self.store.lent]
+        if not lent:
+            return
+        report.rails.extend(RailStatus(r.name, r.interface, lent_seconds=age) for r, age in lent)
+        words = "; ".join(f"{r.label} lent to another network namespace {age:.0f} s ago (a "
+                          "pod's: not checked or repaired until it returns)" for r, age in lent)
+        report.findings = [replace(f, message=f"{f.message}; {words}" if f.message else words)
+                           if f.type == ROCE_NETWORK_READY else f for f in report.findings]
 
     def keep_learned_pins(self, report: Report) -> None:
         """Pins the latest judgement learned are kept, and saved unless this is a check.

@@ -44,6 +44,9 @@ class FactStore:
     counters: dict[str, RailCounters] = field(default_factory=dict)
     traffic: TrafficTracker = field(default_factory=TrafficTracker)  # kernel vs RDMA bytes
     own_rdma: OwnRDMA = field(default_factory=OwnRDMA)  # the probes' share, charged by them
+    # rail -> when its netdev left for another network namespace (monotonic): lent to a pod
+    # (a DRA driver, a CNI), not missing; it is judged again when it comes back.
+    lent: dict[str, float] = field(default_factory=dict)
     ports: dict[str, PortHealth] = field(default_factory=dict)  # with a hardware section
     error_rates: ErrorRates = field(default_factory=ErrorRates)
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
@@ -61,7 +64,7 @@ class FactStore:
         now, before = list(rails), list(before)
         same = {r.name for r in before if r in now}
         changed = {r.name for r in (*before, *now)} - same
-        for facts in (self.observations, self.rail_seen, self.counters, self.ports):
+        for facts in (self.observations, self.rail_seen, self.counters, self.ports, self.lent):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
         self.seen = {kind: item.without_rails(changed) for kind, item in self.seen.items()}

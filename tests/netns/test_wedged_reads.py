@@ -164,7 +164,7 @@ def test_a_reload_whose_config_read_blocks_never_stops_the_repairs(
         data = wait_for(lambda: (d := read_status(run)) and "reading the config"
                         in (d["daemon"].get("reload_error") or "") and d, timeout=15,
                         what="the stuck reload reported")
-        assert data["ok"] is True
+        assert data["ok"] is True, data
         hold.unlink()
         wait_for(lambda: rails_ns.link("r1")["mtu"] == 9000, timeout=10,
                  what="the reload lands once the read returns")
