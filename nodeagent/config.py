@@ -547,6 +547,17 @@ def _image_prefix(v: str) -> str:
 # An image reference's start: letters a CEL string holds without escaping.
 ImagePrefix = Annotated[str, AfterValidator(_image_prefix)]
 
+_CLASS_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _class_name(v: str) -> str:
+    if len(v) > 253 or not _CLASS_NAME.fullmatch(v):
+        raise ValueError(f"{shown(v)} is not a DeviceClass name (a DNS subdomain)")
+    return v
+
+
+ClassName = Annotated[str, AfterValidator(_class_name)]
+
 
 class Jobs(_Strict):
     """The job gate `nodeagent deploy` renders (deploy/job-policy.yaml): in an opted-in
@@ -559,6 +570,15 @@ class Jobs(_Strict):
     # ("registry.example/nodeagent:"); empty: any image of that name (the name alone let
     # any image called nodeagent-preflight pass).
     preflight_images: list[ImagePrefix] = Field(default_factory=list, max_length=16)
+    # With DRA (resource.k8s.io/v1): a claim requesting one of these device classes must
+    # request one of the NIC classes too. The GPU classes are NVIDIA's GPU DRA driver's
+    # (its deployments/helm deviceclass-gpu.yaml, -mig.yaml); a NIC class is the site's own
+    # (dranet's RDMA example names it `rdma`, examples/demo_gke_rdma).
+    gpu_device_classes: list[ClassName] = Field(
+        default_factory=lambda: ["gpu.nvidia.com", "mig.nvidia.com"], min_length=1,
+        max_length=16)
+    nic_device_classes: list[ClassName] = Field(default_factory=lambda: ["rdma"],
+                                                min_length=1, max_length=16)
 
 
 class CustomCheck(_Strict):

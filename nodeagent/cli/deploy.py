@@ -32,6 +32,13 @@ def render(cfg: Config) -> dict[str, str]:
         "preflight_images": "[" + ", ".join(f"'{i}'" for i in cfg.jobs.preflight_images) + "]",
         "preflight_image_list": ", ".join(f"{i}*" for i in cfg.jobs.preflight_images)
         or "any",
+        # DeviceClass names are DNS subdomains (config.ClassName): nothing to escape.
+        "gpu_device_classes": "[" + ", ".join(f"'{c}'" for c in cfg.jobs.gpu_device_classes)
+        + "]",
+        "nic_device_classes": "[" + ", ".join(f"'{c}'" for c in cfg.jobs.nic_device_classes)
+        + "]",
+        "gpu_class_list": ", ".join(cfg.jobs.gpu_device_classes),
+        "nic_class_list": ", ".join(cfg.jobs.nic_device_classes),
         "rdma_resource": rdma,
         "namespace": kube.lease_namespace,
         # Every registered type (checks/conditions.py): the policy allows what the agent

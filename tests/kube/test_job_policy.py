@@ -85,7 +85,7 @@ def spaces(apiserver: ApiServer) -> Iterator[dict[str, str]]:
 
 def test_the_policies_type_check_clean(apiserver: ApiServer, spaces: dict[str, str]) -> None:
     api = k8s.AdmissionregistrationV1Api(apiserver.client("admin"))
-    for name in ("nodeagent-job-fabric", "nodeagent-job-preflight"):
+    for name in ("nodeagent-job-fabric", "nodeagent-job-preflight", "nodeagent-job-claims"):
         got = wait_for(lambda n=name: api.read_validating_admission_policy(n).status, 30,
                        f"{name}'s status")
         warnings = got.type_checking.expression_warnings if got.type_checking else None
@@ -195,6 +195,66 @@ def test_with_preflight_images_set_only_those_images_pass_as_the_preflight(
     finally:
         api.delete_validating_admission_policy_binding(binding["metadata"]["name"])
         api.delete_validating_admission_policy("nodeagent-job-preflight-images")
+
+
+def claim_template(name: str, *classes: str) -> dict[str, Any]:
+    """A ResourceClaimTemplate in the shape of dranet's aligned examples
+    (examples/aws_eks_examples/gpu-efa/resource-claim-template.yaml, demo_nvidia_dranet):
+    one request per device class, the GPU and NIC constrained to one PCIe root."""
+    requests = [{"name": f"r{i}", "exactly": {"deviceClassName": c, "count": 1}}
+                for i, c in enumerate(classes)]
+    devices: dict[str, Any] = {"requests": requests}
+    if len(classes) > 1:
+        devices["constraints"] = [{"matchAttribute": "resource.kubernetes.io/pcieRoot"}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name}, "spec": {"spec": {"devices": devices}}}
+
+
+def create_claim(admin: Any, ns: str, body: dict[str, Any]) -> str | None:
+    """None when admitted (a server-side dry run), else the refusal."""
+    api = k8s.ResourceV1Api(admin)
+    try:
+        if body["kind"] == "ResourceClaimTemplate":
+            api.create_namespaced_resource_claim_template(ns, body, dry_run="All")
+        else:
+            api.create_namespaced_resource_claim(ns, body, dry_run="All")
+    except ApiException as exc:
+        if exc.status not in (400, 403, 422):
+            raise
+        return str(exc.body)
+    return None
+
+
+def test_a_gpu_claim_without_a_nic_is_refused_in_an_opted_in_namespace(
+        apiserver: ApiServer, spaces: dict[str, str]) -> None:
+    """Dynamic Resource Allocation: a pod that gets its GPUs through a claim names no
+    extended resource, so the pod rule cannot see it; the claim itself is judged."""
+    admin = apiserver.client("admin")
+    gpu_only = claim_template("gpu-only", "gpu.nvidia.com")
+    refused = wait_for(lambda: create_claim(admin, spaces["gated"], gpu_only), 60,
+                       "the claim policy enforced")
+    assert ("this claim requests a GPU (gpu.nvidia.com, mig.nvidia.com) but no NIC with "
+            "RDMA (rdma)") in refused, refused
+    assert create_claim(admin, spaces["gated"], claim_template(
+        "gpu-nic", "gpu.nvidia.com", "rdma")) is None
+    # A prioritized list (firstAvailable) counts its alternatives; a claim of a NIC alone
+    # or of another class is not this rule's business; a namespace not opted in is open.
+    either = claim_template("mig-or-gpu", "rdma")
+    either["spec"]["spec"]["devices"]["requests"].append(
+        {"name": "accel", "firstAvailable": [{"name": "mig", "deviceClassName": "mig.nvidia.com"},
+                                             {"name": "gpu", "deviceClassName": "gpu.nvidia.com"}]})
+    either["spec"]["spec"]["devices"].pop("constraints", None)
+    assert create_claim(admin, spaces["gated"], either) is None
+    assert create_claim(admin, spaces["gated"], claim_template("nic", "rdma")) is None
+    assert create_claim(admin, spaces["open"], gpu_only) is None
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "one-gpu"},
+             "spec": gpu_only["spec"]["spec"]}
+    assert "but no NIC with RDMA" in (create_claim(admin, spaces["gated"], claim) or "")
+    status = k8s.AdmissionregistrationV1Api(admin).read_validating_admission_policy(
+        "nodeagent-job-claims").status
+    assert not (status and status.type_checking
+                and status.type_checking.expression_warnings), status
 
 
 def test_a_job_whose_pods_are_refused_shows_why_in_its_events(
