@@ -458,6 +458,27 @@ class Nccl(_Strict):
     gate: bool = False  # true: part of FabricReady (jobs run with NCCL's defaults here)
 
 
+class DraAttributes(_Strict):
+    """The attribute names a DRA driver publishes for a NIC (dranet's, by default: its
+    pkg/driver and published ResourceSlices, e.g. examples/aws_eks_examples/gpu-efa)."""
+
+    interface: str = "ifName"
+    rdma: str = "rdma"
+    rdma_device: str = "rdmaDevice"
+    mtu: str = "mtu"
+
+
+class Dra(_Strict):
+    """RDMAResourceSlicesReady: the DRA driver's ResourceSlices for this node (read every
+    `interval`) list each rail's NIC, with RDMA, its interface or RDMA device, and its MTU.
+    Needs the kubernetes section."""
+
+    driver: str = Field(default="dra.net", min_length=1, max_length=63)
+    attributes: DraAttributes = DraAttributes()
+    interval: Interval = 60.0
+    gate: bool = False  # true: part of FabricReady
+
+
 class Peer(_Strict):
     """Another node's end of a rail: its rail address, and the node's name for messages."""
 
@@ -762,6 +783,7 @@ class Config(_Strict):
     transport: Transport | None = None
     peers: Peers | None = None
     nccl: Nccl | None = None
+    dra: Dra | None = None
     jobs: Jobs = Jobs()  # the job gate's names, for nodeagent deploy
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None

@@ -49,6 +49,9 @@ class ConditionType(Words):
     # With an `nccl` section: NCCL with its default settings (no NCCL_IB_GID_INDEX) would
     # pick each rail's pinned GID (part of FabricReady only with `nccl.gate`).
     NCCL_DEFAULT_GID_PINNED = "NCCLDefaultGIDPinned"
+    # With a `dra` section: the DRA driver's ResourceSlices for this node list each rail's
+    # NIC with RDMA (the counterpart of RDMADevicePluginReady for resource.k8s.io/v1).
+    RDMA_RESOURCE_SLICES_READY = "RDMAResourceSlicesReady"
 
 
 ROCE_NETWORK_READY = ConditionType.ROCE_NETWORK_READY
@@ -62,6 +65,26 @@ CUSTOM_CHECKS_PASSED = ConditionType.CUSTOM_CHECKS_PASSED
 RDMA_TRANSPORT_VERIFIED = ConditionType.RDMA_TRANSPORT_VERIFIED
 RDMA_PEERS_REACHABLE = ConditionType.RDMA_PEERS_REACHABLE
 NCCL_DEFAULT_GID_PINNED = ConditionType.NCCL_DEFAULT_GID_PINNED
+RDMA_RESOURCE_SLICES_READY = ConditionType.RDMA_RESOURCE_SLICES_READY
+
+
+@dataclass(frozen=True)
+class SliceDevice:
+    """One device of a ResourceSlice (resource.k8s.io/v1), its attributes by qualified name
+    (a name without a domain is in the driver's, as the API defines it)."""
+
+    slice: str  # the ResourceSlice's name
+    name: str
+    attributes: Mapping[str, str | int | bool]
+
+
+@dataclass(frozen=True)
+class SlicesObservation:
+    """This node's ResourceSlices of one driver, the current generation of each pool."""
+
+    devices: tuple[SliceDevice, ...] = ()
+    error: str | None = None  # why they could not be read
+    incomplete: tuple[str, ...] = ()  # pools with fewer slices than they say they have
 
 # The hardware fingerprint labels the agent puts on its Node.
 LABEL_PREFIX = "nodeagent.io/"

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
+from nodeagent.checks.dra import slices_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.facts import (
     CustomChecksSeen,
@@ -25,6 +26,7 @@ from nodeagent.checks.facts import (
     LustreSeen,
     PeersSeen,
     PluginSeen,
+    SlicesSeen,
     TransportSeen,
 )
 from nodeagent.checks.gid import gid_verdict
@@ -52,6 +54,7 @@ from nodeagent.model import (
     RDMA_DEVICE_PLUGIN_READY,
     RDMA_HARDWARE_HEALTHY,
     RDMA_PEERS_REACHABLE,
+    RDMA_RESOURCE_SLICES_READY,
     RDMA_TRANSPORT_VERIFIED,
     ROCE_GID_STABLE,
     ROCE_NETWORK_READY,
@@ -156,6 +159,11 @@ def _peers(cfg: Config, facts: Facts) -> Finding:
                          peers_listed(cfg, facts), seen.short if seen else {})
 
 
+def _slices(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(SlicesSeen)
+    return slices_finding(cfg, seen.observation if seen else None)
+
+
 def _fabric_placeholder(cfg: Config, facts: Facts) -> Finding:
     raise AssertionError("FabricReady is judged over the others (judge_all)")
 
@@ -186,6 +194,8 @@ CONDITIONS: Sequence[Condition] = (
               needs_section=True, gate="section", example={},
               counts=lambda finding: finding.reason not in (NOT_RESPONDING, NO_PEERS)),
     Condition(NCCL_DEFAULT_GID_PINNED, nccl_default_finding, column="NCCL", section="nccl",
+              needs_section=True, gate="section", example={}),
+    Condition(RDMA_RESOURCE_SLICES_READY, _slices, column="DRA", section="dra",
               needs_section=True, gate="section", example={}),
 )
 # Every type the agent may publish, in the registry's order (the admission policy allows

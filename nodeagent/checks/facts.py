@@ -37,6 +37,7 @@ from nodeagent.model import (
     RailCounters,
     RailObservation,
     RailTimeline,
+    SlicesObservation,
     TransportResult,
 )
 
@@ -72,6 +73,11 @@ class LustreSeen(Delivered):
 class PluginSeen(Delivered):
     observation: DevicePluginObservation
     seen_ready: frozenset[str] = frozenset()  # plugin pod UIDs ever seen Ready
+
+
+@dataclass(frozen=True)
+class SlicesSeen(Delivered):
+    observation: SlicesObservation
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.checks.facts import CustomChecksSeen, LustreSeen, PluginSeen
+from nodeagent.checks.facts import (
+    CustomChecksSeen,
+    Delivered,
+    LustreSeen,
+    PluginSeen,
+    SlicesSeen,
+)
 from nodeagent.config import Config
 from nodeagent.publish.publisher import Publisher
 from nodeagent.run.custom import CustomChecksMonitor
@@ -31,17 +37,17 @@ if TYPE_CHECKING:  # imported when configured: a local-only agent loads no clien
     from nodeagent.kube.watch import WatchedCollection
     from nodeagent.publish.metrics import AgentMetrics
     from nodeagent.run.deviceplugin import DevicePluginMonitor
+    from nodeagent.run.dra import SlicesMonitor
     from nodeagent.run.peers import PeerService
 
 log = logging.getLogger(__name__)
 
 
-def look_once(cfg: Config, repair: bool) -> tuple[list[LustreSeen | PluginSeen |
-                                                     CustomChecksSeen], list[str]]:
+def look_once(cfg: Config, repair: bool) -> tuple[list[Delivered], list[str]]:
     """What the configured sources deliver, each read once the way its thread reads it
     (the transport probe, which needs a pass's targets, excepted); and the errors met. With
     `repair`, a mount that is due is remounted, as its source does."""
-    seen: list[LustreSeen | PluginSeen | CustomChecksSeen] = []
+    seen: list[Delivered] = []
     errors: list[str] = []
     if cfg.lustre:
         from nodeagent.io.commands import BoundedRunner
@@ -58,6 +64,10 @@ def look_once(cfg: Config, repair: bool) -> tuple[list[LustreSeen | PluginSeen |
         from nodeagent.run.custom import run_all
 
         seen.append(CustomChecksSeen(run_all(cfg)))
+    if cfg.kubernetes is not None and cfg.dra is not None:
+        from nodeagent.run.dra import api_lister, read_slices
+
+        seen.append(SlicesSeen(read_slices(cfg, api_lister(cfg))))
     return seen, errors
 
 
@@ -74,6 +84,7 @@ class Sources:
         self.custom: CustomChecksMonitor | None = None
         self.transport: TransportMonitor | None = None
         self.peers: PeerService | None = None
+        self.dra: SlicesMonitor | None = None
         self.metrics: AgentMetrics | None = None
         self._metrics_server: Any = None
 
@@ -129,6 +140,11 @@ class Sources:
         if cfg.transport is not None and self.transport is None:
             self.transport = TransportMonitor(cfg, self.deliver, self.own_rdma)
             self._start(self.transport)
+        if cfg.dra is not None and cfg.kubernetes is not None and self.dra is None:
+            from nodeagent.run.dra import SlicesMonitor
+
+            self.dra = SlicesMonitor(cfg, self.deliver)
+            self._start(self.dra)
         if cfg.peers is not None and self.peers is None:
             from nodeagent.run.peers import PeerService
 
@@ -156,6 +172,9 @@ class Sources:
             self.custom.wake()
         if self.transport is not None:
             self.transport.cfg = cfg
+        if self.dra is not None:
+            self.dra.cfg = cfg
+            self.dra.wake()
         if self.peers is not None:
             self.peers.reconfigure(cfg)
 
@@ -166,6 +185,7 @@ class Sources:
             "custom": cfg.custom_checks is None,
             "transport": cfg.transport is None,
             "peers": cfg.peers is None,
+            "dra": cfg.dra is None or cfg.kubernetes is None,
         }
         for name, gone in removed.items():
             source = getattr(self, name)
