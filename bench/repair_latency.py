@@ -5,7 +5,13 @@ in-process) to the kernel announcing it restored (a netlink event on our own mon
 socket). The same driver then runs against bench/bare_repair.py, a bare pyroute2 loop that
 only re-adds what was deleted: both are printed, with the agent/bare ratio of p50 and p99.
 Goals: p99 <= 20 ms; agent within 1.5x of the bare loop.
+
+--busy N starts N busy processes per core for the whole run, so the agent and the bare loop
+meet the same load (a training node's cores are taken: data loaders, NCCL's proxy threads);
+--nice K runs both the agent and the bare loop at that niceness (what a unit's Nice= or a
+pod's priority can buy). Each side's CPU time per deletion is printed (from /proc).
 Usage: sudo .venv/bin/python bench/repair_latency.py [--count N] [--rails N --position K]
+       [--busy N] [--nice K]
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import queue
 import signal
 import socket
@@ -73,12 +80,25 @@ class Events:
         return float(at)
 
 
-def start_daemon(tmp: Path, data: dict[str, Any]) -> subprocess.Popen[bytes]:
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def busy_load(per_core: int) -> list[subprocess.Popen[bytes]]:
+    """per_core spinning processes for each core (niceness 0, like a job's threads)."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    return [subprocess.Popen(spin) for _ in range(per_core * (os.cpu_count() or 1))]
+
+
+def start_daemon(tmp: Path, data: dict[str, Any], nice: int = 0) -> subprocess.Popen[bytes]:
     (tmp / "c.yaml").write_text(yaml.safe_dump(data))
     log = open(tmp / "daemon.log", "w")  # noqa: SIM115
     daemon = subprocess.Popen([sys.executable, "-m", "nodeagent", "run", "--config",
                                str(tmp / "c.yaml"), "--log-level", "WARNING"],
-                              stdout=log, stderr=subprocess.STDOUT)
+                              stdout=log, stderr=subprocess.STDOUT,
+                              preexec_fn=(lambda: os.nice(nice)) if nice else None)
     status = tmp / "run" / "status.json"
     while not (status.exists() and json.loads(status.read_text())["ok"]):
         if daemon.poll() is not None:
@@ -104,6 +124,8 @@ def main() -> None:
     ap.add_argument("--rails", type=int, default=1, help="rails the daemon manages")
     ap.add_argument("--position", type=int, default=0,
                     help="which of them is deleted from (scale: does a rail's place cost?)")
+    ap.add_argument("--busy", type=int, default=0, help="busy processes per core")
+    ap.add_argument("--nice", type=int, default=0, help="the agent's and the bare loop's")
     args = ap.parse_args()
     reexec_in_netns()
     tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
@@ -111,21 +133,37 @@ def main() -> None:
     data["resync_interval"] = "1h"  # repairs must come from events
     data["repair_guard"] = {"max_repairs": 100_000}  # the bench is a deliberate fight
     rail = data["rails"][args.position]
-    daemon = start_daemon(tmp, data)
+    load = busy_load(args.busy) if args.busy else []
     try:
-        agent = drive(rail, args.count)
+        daemon = start_daemon(tmp, data, args.nice)
+        try:
+            before = cpu_seconds(daemon.pid)
+            agent = drive(rail, args.count)
+            agent_cpu = cpu_seconds(daemon.pid) - before
+        finally:
+            print(f"daemon exit: {end(daemon)}")
+        bare = subprocess.Popen([sys.executable, str(Path(__file__).parent / "bare_repair.py"),
+                                 rail["interface"], rail["address"], str(rail["table"]),
+                                 str(rail["rule_priority"]), rail["gateway"]],
+                                stdout=subprocess.PIPE, text=True,
+                                preexec_fn=(lambda: os.nice(args.nice)) if args.nice else None)
+        try:
+            assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
+            before = cpu_seconds(bare.pid)
+            reference = drive(rail, args.count)
+            bare_cpu = cpu_seconds(bare.pid) - before
+        finally:
+            bare.kill()
+            bare.wait()
     finally:
-        print(f"daemon exit: {end(daemon)}")
-    bare = subprocess.Popen([sys.executable, str(Path(__file__).parent / "bare_repair.py"),
-                             rail["interface"], rail["address"], str(rail["table"]),
-                             str(rail["rule_priority"]), rail["gateway"]],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
-        reference = drive(rail, args.count)
-    finally:
-        bare.kill()
-        bare.wait()
+        for spinner in load:
+            spinner.kill()
+            spinner.wait()
+    deletions = 3 * args.count
+    print(f"load: {args.busy} busy process(es) per core; niceness {args.nice}")
+    print(f"CPU per deletion: agent {agent_cpu / deletions * 1000:.2f} ms, bare loop "
+          f"{bare_cpu / deletions * 1000:.2f} ms "
+          f"({agent_cpu / bare_cpu if bare_cpu else float('inf'):.1f}x)")
     print(f"repair latency: deletion -> restored (netlink events), {args.count} each; an "
           "address is restored when it and the two routes the kernel dropped with it are back")
     for kind in agent:
