@@ -109,3 +109,37 @@ def save_pins(cfg: Config, pins: dict[str, Pin]) -> None:
         if name in rails
     }
     write_json_atomic(Path(cfg.state_dir) / PINS_FILE, data)
+
+
+LENT_FILE = "lent.json"
+
+
+def boot_id(procfs_root: Path) -> str:
+    """This boot's id (a reboot gives every netdev back: a lent rail is lent no more)."""
+    try:
+        return read_text_bounded(procfs_root / "sys/kernel/random/boot_id", 64).strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def load_lent(cfg: Config) -> dict[str, float]:
+    """The rails lent to another network namespace when the last daemon stopped (rail ->
+    wall time since), this boot only; anything unreadable or from another boot: none."""
+    try:
+        doc = parse_json_state(read_text_bounded(cfg.state_dir / LENT_FILE, STATE_MAX))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("boot_id") != boot_id(cfg.paths.procfs) \
+            or not doc.get("boot_id"):
+        return {}
+    rails = {r.name for r in cfg.rails}
+    lent = doc.get("rails")
+    return {name: float(since) for name, since in (lent if isinstance(lent, dict) else {})
+            .items() if name in rails and isinstance(since, int | float)
+            and not isinstance(since, bool) and 0 < since <= time.time()}
+
+
+def save_lent(cfg: Config, lent: dict[str, float]) -> None:
+    """Raises OSError (the caller logs it: the next change saves again)."""
+    write_json_atomic(cfg.state_dir / LENT_FILE,
+                      {"boot_id": boot_id(cfg.paths.procfs), "rails": lent})

@@ -51,6 +51,7 @@ from nodeagent.run.work import (
     StopAsked,
     Work,
 )
+from nodeagent.state import load_lent, save_lent
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Agent:
         self.reloader = ConfigReloader(reload, self.work.put)
         self.sources = Sources(self.work.put, self.store.own_rdma)
         self.record = PassRecord()
+        self._saved_lent: dict[str, float] = {}  # the lent rails as last saved
 
     # ------------------------------------------------------------ configuration
 
@@ -170,6 +172,27 @@ class Agent:
             # slots closely until the table has settled.
             self.sources.gid_watcher.settle()
         return hit
+
+    def _load_lent(self) -> None:
+        """Rails lent when the last daemon stopped (this boot): still lent until they are
+        seen here again, so a restart while a job runs taints nothing."""
+        now_wall, now = time.time(), self.clock()
+        for rail, since in load_lent(self.cfg).items():
+            self.store.lent.setdefault(rail, now - (now_wall - since))
+        self._saved_lent = dict(self.store.lent)
+
+    def _keep_lent(self) -> None:
+        """The lent rails saved when they change (a rail seen here again is not lent: the
+        pass's observation clears it)."""
+        if self.store.lent == self._saved_lent:
+            return
+        now_wall, now = time.time(), self.clock()
+        try:
+            save_lent(self.cfg, {r: now_wall - (now - t) for r, t in self.store.lent.items()})
+        except OSError as exc:
+            log.warning("cannot save the lent rails: %s", exc.strerror or exc)
+            return
+        self._saved_lent = dict(self.store.lent)
 
     def _lent(self, rail: str | None, event: KernelEvent) -> None:
         """A rail's netdev gone to another network namespace is lent (a pod's, by a DRA
@@ -236,6 +259,7 @@ class Agent:
         assert self.evaluator is not None
         report = self._pass(self.evaluator, rails, early or Repairs())
         self.record.last_report = report
+        self._keep_lent()
         self.sources.aim(self.evaluator.aim())
         self.take_urgent()
         self._publish(report, submit=True)
@@ -330,6 +354,7 @@ class Agent:
         self.sources.start_netlink(self.cfg)
         with IPRoute() as ipr:
             self.evaluator = Evaluator(self.cfg, ipr, store=self.store, clock=self.clock)
+            self._load_lent()
             self.sources.start_missing(self.cfg)  # after the evaluator: they deliver to it
             self._first_pass()
             self._loop()

@@ -211,6 +211,9 @@ class Evaluator:
         self.store.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs,
                                                      keys, self.reads))
         self.timings["netlink"] = time.perf_counter() - started
+        for rail in rails:  # here again (its return's event may have been missed): not lent
+            if self.store.observations[rail.name].link is not None:
+                self.store.lent.pop(rail.name, None)
 
     def mark_gid_stale(self, everywhere: bool = False, moved: bool = False) -> None:
         """The GID table may have changed: read it again in the next pass (the rails'

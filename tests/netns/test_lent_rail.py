@@ -65,3 +65,38 @@ def test_a_rail_deleted_outright_is_still_missing(
     assert "InterfaceMissing" in (cond(agent_config, "RoCENetworkReady") or ("", "", ""))[1]
     assert "lent_seconds" not in rail_row(agent_config, "rail1")
     stop_cleanly(proc)
+
+
+def test_a_restart_while_the_rail_is_lent_keeps_it_lent_this_boot_only(
+        rails_ns: Netns, agent_config: dict[str, Any], pod_ns: Netns, tmp_path: Path) -> None:
+    """The agent restarted (an upgrade, a crash) while a job holds the rail: the new daemon
+    cannot see where it went, so the last one's word is kept in the state dir (lent.json,
+    with this boot's id): no InterfaceMissing, no taint. From another boot it is not
+    trusted (a reboot gives every netdev back)."""
+    import json
+
+    agent_config["resync_interval"] = "1h"
+    cfg_path = tmp_path / "c.yaml"
+    proc = start(rails_ns, agent_config, cfg_path)
+    rails_ns.ip("link", "set", "r1", "netns", pod_ns.name)
+    wait_for(lambda: "lent_seconds" in rail_row(agent_config, "rail1"), 10, "lent")
+    stop_cleanly(proc)
+    lent = Path(agent_config["state_dir"]) / "lent.json"
+    assert set(json.loads(lent.read_text())["rails"]) == {"rail1"}
+    proc = rails_ns.start_daemon(cfg_path)
+    # Its own first status (the last daemon's file says ok too): ok, so not InterfaceMissing.
+    wait_for(lambda: (s := status_of(agent_config) or {}).get("daemon", {}).get("pid")
+             == proc.pid and s.get("ok") is True, 20, "the new daemon's first healthy pass")
+    assert "lent_seconds" in rail_row(agent_config, "rail1")
+    stop_cleanly(proc)
+    # Another boot's file: not trusted, the rail is missing.
+    doc = json.loads(lent.read_text())
+    lent.write_text(json.dumps({**doc, "boot_id": "another-boot"}))
+    proc = rails_ns.start_daemon(cfg_path)
+    try:
+        wait_for(lambda: (cond(agent_config, "RoCENetworkReady") or ("",))[0] == "False", 20,
+                 "rail1 missing after a boot")
+        assert "InterfaceMissing" in (cond(agent_config, "RoCENetworkReady") or ("", ""))[1]
+    finally:
+        stop_cleanly(proc)
+    pod_ns.ip("link", "set", "r1", "netns", rails_ns.name)

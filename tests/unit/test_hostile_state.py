@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -99,3 +100,24 @@ def test_generated_pin_documents(tmp_path_factory: Any, doc: dict[str, Any]) -> 
 @given(st.text(max_size=300) | st.binary(max_size=300))
 def test_generated_pin_text(tmp_path_factory: Any, text: str | bytes) -> None:
     _check(tmp_path_factory.mktemp("pins"), text)
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", "null", '{"boot_id": 7}', "[" * 5000,
+                                  '{"boot_id": "BOOT", "rails": []}',
+                                  '{"boot_id": "BOOT", "rails": {"rail0": true, '
+                                  '"rail1": 1e300, "nope": 5, "rail0x": "x"}}'])
+def test_a_lent_file_of_any_shape_lends_nothing_it_should_not(tmp_path: Path,
+                                                               text: str) -> None:
+    """lent.json (the rails lent to a pod when the last daemon stopped) is read bounded and
+    validated: garbage, another boot, unknown rails, times in the future: nothing lent."""
+    from nodeagent.config import parse_config
+    from nodeagent.state import LENT_FILE, boot_id, load_lent
+
+    cfg = parse_config({"state_dir": str(tmp_path), "rails": [
+        {"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
+        {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]})
+    (tmp_path / LENT_FILE).write_text(text.replace("BOOT", boot_id(Path("/proc"))))
+    assert load_lent(cfg) == {}
+    good = {"boot_id": boot_id(Path("/proc")), "rails": {"rail1": 1000.5}}
+    (tmp_path / LENT_FILE).write_text(json.dumps(good))
+    assert load_lent(cfg) == {"rail1": 1000.5}
