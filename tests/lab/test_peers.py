@@ -104,14 +104,17 @@ def peer_figures(vm: VM) -> dict[str, Any]:
     return figures
 
 
-def until_condition(vm: VM, want: tuple[str, str], within: float, what: str) -> float:
-    """Seconds until the status file shows `want` for RDMAPeersReachable (the status and
-    message last seen are in the failure)."""
+def until_condition(vm: VM, want: tuple[str, str], within: float, what: str,
+                    ctype: str = PEERS) -> float:
+    """Seconds until the status file shows `want` for `ctype` (the status and message last
+    seen are in the failure)."""
     started = time.monotonic()
-    while (seen := condition(vm, PEERS)) != want:
+    while (seen := condition(vm, ctype)) != want:
         if time.monotonic() - started > within:
+            message = next((c["message"] for c in status(vm).get("conditions", [])
+                            if c["type"] == ctype), "")
             raise AssertionError(f"timed out after {within}s waiting for {what}: {seen} "
-                                 f"{peers_message(vm)}")
+                                 f"{message}")
         time.sleep(0.2)
     return time.monotonic() - started
 
@@ -315,14 +318,7 @@ def traffic_message(vm: VM) -> str:
 
 
 def until_traffic(vm: VM, want: tuple[str, str], within: float, what: str) -> float:
-    """Seconds until FabricTrafficOnRDMA shows `want` (what it said last, in the failure)."""
-    started = time.monotonic()
-    while (seen := condition(vm, TRAFFIC)) != want:
-        if time.monotonic() - started > within:
-            raise AssertionError(f"timed out after {within}s waiting for {what}: {seen} "
-                                 f"{traffic_message(vm)}")
-        time.sleep(0.2)
-    return time.monotonic() - started
+    return until_condition(vm, want, within, what, ctype=TRAFFIC)
 
 
 def write_bw(a: VM, b: VM, mtu: int | None = None) -> bool:
