@@ -154,11 +154,18 @@ def test_wrong_architecture_image_is_named_from_the_runtime(
     assert "linux/amd64" in message, message
     assert "exec format error" in message, message
     assert (our_taint(core) or {}).get("value") == "ImageArchMismatch"
-    # The real stack's own shape of the incident: no message in the pod's status.
-    pod = core.read_namespaced_pod(name, "kube-system")
-    states = [cs.last_state.terminated or cs.state.terminated
-              for cs in pod.status.container_statuses or []]
-    assert any(states) and all(not s.message for s in states if s), states
+    # The real stack's own shape of the incident: no message in the pod's status. The
+    # agent can name it (from the log line) before the kubelet records the exit: wait for
+    # the terminated state (CI once read the pod between the two).
+
+    def terminated() -> list[Any] | None:
+        pod = core.read_namespaced_pod(name, "kube-system")
+        got = [cs.last_state.terminated or cs.state.terminated
+               for cs in pod.status.container_statuses or []]
+        return got if any(got) else None
+
+    states = wait_for(terminated, 30, "the container's exit in the pod's status")
+    assert all(not s.message for s in states if s), states
     print(f"pod created -> ImageArchMismatch on the Node: {took:.1f} s")
     alert_fires_on_the_agents_series(rails_ns, "ImageArchMismatch")
 
