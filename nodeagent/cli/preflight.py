@@ -21,7 +21,6 @@ import errno
 import ipaddress
 import math
 import os
-import stat
 import sys
 import time
 from dataclasses import replace
@@ -30,7 +29,7 @@ from typing import Any
 
 from nodeagent.checks.preflight import PreflightFacts, judge_preflight
 from nodeagent.config import parse_duration
-from nodeagent.io.files import printable
+from nodeagent.io.files import NotARegularFile, printable, write_regular
 from nodeagent.kube.fields import items, obj, text
 from nodeagent.kube.nodeview import read_node
 from nodeagent.model import FABRIC_READY, NodeRail, NodeVerdict, Unfit
@@ -242,26 +241,13 @@ def report(problems: list[Unfit], termination_log: Path, fit: str = "") -> None:
             f"preflight: fit{f' ({printable(fit)})' if fit else ''}\n")
     if termination_log.parent.is_dir():
         try:
-            _write_termination(termination_log, text.encode()[:TERMINATION_MAX])
+            write_regular(termination_log, text.encode()[:TERMINATION_MAX])
         except OSError as exc:
-            why = {errno.ELOOP: "it is a symbolic link",
-                   errno.ENXIO: "not a regular file"}.get(exc.errno or 0, exc.strerror)
+            why = "not a regular file" if isinstance(exc, NotARegularFile) else {
+                errno.ELOOP: "it is a symbolic link",
+                errno.ENXIO: "not a regular file"}.get(exc.errno or 0, exc.strerror)
             print(f"preflight: cannot write {termination_log}: {why}", file=sys.stderr)
 
-
-def _write_termination(path: Path, data: bytes) -> None:
-    """The kubelet's file (a regular file it mounts), written through nothing else: not a
-    symlink (it would write elsewhere), not a FIFO (an open for writing waits for a reader
-    for ever), not a device."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                 | os.O_CLOEXEC, 0o644)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        os.ftruncate(fd, 0)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def run(args: argparse.Namespace) -> int:

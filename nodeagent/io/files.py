@@ -197,6 +197,20 @@ def write_attribute(root: Path, parts: Sequence[str], text: str) -> None:
         os.close(fd)
 
 
+def write_regular(path: Path, data: bytes) -> None:
+    """`data` as the whole content of a regular file at `path` (made if absent), written
+    through nothing else: not a symlink (it would write elsewhere), not a FIFO (an open
+    for writing waits for a reader for ever: ENXIO instead), not a device."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o644)
+    try:
+        _require_regular(fd, path)
+        os.ftruncate(fd, 0)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def make_dirs(path: Path, mode: int = 0o755) -> None:
     """`path` and its missing parents, each made with `mode` exactly, whatever the umask:
     under umask 000, `mkdir -p` made them 0777, so anyone could plant files where the agent
