@@ -301,7 +301,7 @@ def stale_after(resync_interval: Any) -> float:
     return 2 * every + 10
 
 
-def read_status(runtime_dir: Path, stale_after: float) -> StatusView:
+def read_status(runtime_dir: Path, stale_seconds: float) -> StatusView:
     """Raises FileNotFoundError when the daemon never wrote one, ValueError when corrupt.
     Whether a daemon runs is told by the daemon lock, not by guessing from a pid."""
     raw = validate_status(parse_json_state(read_text_bounded(status_path(runtime_dir),
@@ -312,4 +312,4 @@ def read_status(runtime_dir: Path, stale_after: float) -> StatusView:
     age = age if age >= 0 else math.inf
     holder = daemon_holding(runtime_dir)
     return StatusView(data=raw, running=holder is not None, age=age,
-                      stale=age > stale_after, holder=holder)
+                      stale=age > stale_seconds, holder=holder)

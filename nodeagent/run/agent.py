@@ -51,7 +51,6 @@ from nodeagent.run.work import (
     StopAsked,
     Work,
 )
-from nodeagent.state import load_lent, save_lent
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,6 @@ class Agent:
         self.reloader = ConfigReloader(reload, self.work.put)
         self.sources = Sources(self.work.put, self.store.own_rdma)
         self.record = PassRecord()
-        self._saved_lent: dict[str, float] = {}  # the lent rails as last saved
 
     # ------------------------------------------------------------ configuration
 
@@ -162,8 +160,10 @@ class Agent:
             rail = index.by_name.get(event.link.ifname)
             if rail:
                 self.history.link_event(self.clock(), rail, event.link)
-        if event.kind is EventKind.LINK:
-            self._lent(index.by_name.get(event.ifname or ""), event)
+        lent = index.by_name.get(event.ifname or "") if event.kind is EventKind.LINK else None
+        if lent is not None:
+            self.store.lent.follow(lent, event.moved_away, event.link is not None,
+                                   self.clock())
         gid_work = event.kind in (EventKind.ADDRESS, EventKind.LINK)
         if gid_work and hit:
             self.evaluator.mark_gid_stale()  # the kernel's GID work follows these
@@ -172,40 +172,6 @@ class Agent:
             # slots closely until the table has settled.
             self.sources.gid_watcher.settle()
         return hit
-
-    def _load_lent(self) -> None:
-        """Rails lent when the last daemon stopped (this boot): still lent until they are
-        seen here again, so a restart while a job runs taints nothing."""
-        now_wall, now = time.time(), self.clock()
-        for rail, since in load_lent(self.cfg).items():
-            self.store.lent.setdefault(rail, now - (now_wall - since))
-        self._saved_lent = dict(self.store.lent)
-
-    def _keep_lent(self) -> None:
-        """The lent rails saved when they change (a rail seen here again is not lent: the
-        pass's observation clears it)."""
-        if self.store.lent == self._saved_lent:
-            return
-        now_wall, now = time.time(), self.clock()
-        try:
-            save_lent(self.cfg, {r: now_wall - (now - t) for r, t in self.store.lent.items()})
-        except OSError as exc:
-            log.warning("cannot save the lent rails: %s", exc.strerror or exc)
-            return
-        self._saved_lent = dict(self.store.lent)
-
-    def _lent(self, rail: str | None, event: KernelEvent) -> None:
-        """A rail's netdev gone to another network namespace is lent (a pod's, by a DRA
-        driver or a CNI); back in this one, or deleted for good, it is not."""
-        if rail is None:
-            return
-        if event.moved_away:
-            self.store.lent.setdefault(rail, self.clock())
-            log.info("%s: its netdev moved to another network namespace: lent, not checked "
-                     "or repaired until it returns", rail)
-        elif self.store.lent.pop(rail, None) is not None:
-            log.info("%s: %s", rail, "back in this network namespace: checked again"
-                     if event.link is not None else "its netdev was deleted")
 
     # ------------------------------------------------------------ passes
 
@@ -259,7 +225,7 @@ class Agent:
         assert self.evaluator is not None
         report = self._pass(self.evaluator, rails, early or Repairs())
         self.record.last_report = report
-        self._keep_lent()
+        self.store.lent.keep(self.cfg, self.clock)  # a rail seen here again is not lent
         self.sources.aim(self.evaluator.aim())
         self.take_urgent()
         self._publish(report, submit=True)
@@ -354,7 +320,7 @@ class Agent:
         self.sources.start_netlink(self.cfg)
         with IPRoute() as ipr:
             self.evaluator = Evaluator(self.cfg, ipr, store=self.store, clock=self.clock)
-            self._load_lent()
+            self.store.lent.load(self.cfg, self.clock)
             self.sources.start_missing(self.cfg)  # after the evaluator: they deliver to it
             self._first_pass()
             self._loop()

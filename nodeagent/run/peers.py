@@ -79,7 +79,6 @@ class PeerProber(Periodic):
         self.deliver = deliver
         self.own_rdma = own_rdma or OwnRDMA()
         self.not_listening = not_listening  # the responder's rails it cannot listen on
-        self._unheard: Mapping[str, str] = {}
         self.targets: Targets | None = None
         self._ends: dict[str, RailEnd] = {}
         # Rounds not handed over yet (quiet ones are batched), and the last outcomes.
@@ -88,12 +87,14 @@ class PeerProber(Periodic):
         self._failing: dict[tuple[str, str], int] = {}  # failed probes in a row
         self._probed: dict[tuple[str, str], int] = {}  # probes so far (the bandwidth sample)
         self._delivered_at = 0.0
-        self._skipped: dict[str, str] = {}
         # Each rail's peers (static, then discovered), set by the service; None until
         # discovery has run once (static peers alone: from the start).
         self.listing: Listing | None = None
         self.short: dict[str, str] = {}  # rail -> why discovery found fewer than asked
-        self._listed: tuple[Listing, dict[str, str]] = ({}, {})
+        # What the last hand-over said besides the probes (skipped rails, the listing, the
+        # rails discovery found short, the responder's): a change of any is news.
+        self._handed: tuple[Mapping[str, str], Listing, Mapping[str, str],
+                            Mapping[str, str]] = ({}, {}, {}, {})
 
     def turn(self) -> float:
         peers, targets, listing = self.cfg.peers, self.targets, self.listing
@@ -120,8 +121,8 @@ class PeerProber(Periodic):
         for rail in [r for r in self._pending if r not in probes]:
             del self._pending[rail]  # skipped or gone: its batch with it
         unheard = self.not_listening()
-        news = skipped != self._skipped or (listing, self.short) != self._listed \
-            or unheard != self._unheard
+        handed = (dict(skipped), dict(listing), dict(self.short), dict(unheard))
+        news = handed != self._handed
         failures = self.cfg.peers.failures if self.cfg.peers is not None else 1
         for rail, got in probes.items():
             self._pending.setdefault(rail, []).extend(got)
@@ -136,12 +137,9 @@ class PeerProber(Periodic):
         if not news and now - self._delivered_at < QUIET_DELIVERY:
             return
         batch = {rail: tuple(got) for rail, got in self._pending.items()}
-        self.deliver(PeersSeen(batch, skipped, window, dict(listing), dict(self.short),
-                               dict(unheard)))
-        self._unheard = unheard
+        self.deliver(PeersSeen(batch, handed[0], window, handed[1], handed[2], handed[3]))
         self._pending.clear()
-        self._skipped = dict(skipped)
-        self._listed = (dict(listing), dict(self.short))
+        self._handed = handed
         self._delivered_at = now
 
     def _probe_rail(self, rail: str, target: RailEndpoint, listed: tuple[PeerRef, ...],

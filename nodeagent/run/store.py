@@ -9,7 +9,9 @@ reload keeps it whole, and forgets only what belonged to rails that changed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from nodeagent.checks.facts import D, Delivered, latest
@@ -30,7 +32,48 @@ from nodeagent.model import (
 )
 from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.rails import RailHistory
-from nodeagent.state import load_pins, save_pins
+from nodeagent.state import load_lent, load_pins, save_lent, save_pins
+
+log = logging.getLogger(__name__)
+
+
+class LentRails(dict[str, float]):
+    """rail -> when its netdev left for another network namespace (monotonic): lent to a
+    pod (a DRA driver, a CNI), not missing; judged again when it comes back. Kept in the
+    state dir with the boot's id (state.py), so a restart while a job runs taints nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: dict[str, float] = {}  # as last saved
+
+    def follow(self, rail: str, moved_away: bool, back: bool, now: float) -> None:
+        """A link event of the rail's netdev: gone to another namespace, or here again."""
+        if moved_away:
+            self.setdefault(rail, now)
+            log.info("%s: its netdev moved to another network namespace: lent, not checked "
+                     "or repaired until it returns", rail)
+        elif self.pop(rail, None) is not None:
+            log.info("%s: %s", rail, "back in this network namespace: checked again"
+                     if back else "its netdev was deleted")
+
+    def load(self, cfg: Config, clock: Callable[[], float]) -> None:
+        """The rails lent when the last daemon stopped (this boot): lent until seen here."""
+        now_wall, now = time.time(), clock()
+        for rail, since in load_lent(cfg).items():
+            self.setdefault(rail, now - (now_wall - since))
+        self.saved = dict(self)
+
+    def keep(self, cfg: Config, clock: Callable[[], float]) -> None:
+        """Saved when they changed (a failed save is tried again at the next pass)."""
+        if self == self.saved:
+            return
+        now_wall, now = time.time(), clock()
+        try:
+            save_lent(cfg, {r: now_wall - (now - t) for r, t in self.items()})
+        except OSError as exc:
+            log.warning("cannot save the lent rails: %s", exc.strerror or exc)
+            return
+        self.saved = dict(self)
 
 
 @dataclass
@@ -44,9 +87,7 @@ class FactStore:
     counters: dict[str, RailCounters] = field(default_factory=dict)
     traffic: TrafficTracker = field(default_factory=TrafficTracker)  # kernel vs RDMA bytes
     own_rdma: OwnRDMA = field(default_factory=OwnRDMA)  # the probes' share, charged by them
-    # rail -> when its netdev left for another network namespace (monotonic): lent to a pod
-    # (a DRA driver, a CNI), not missing; it is judged again when it comes back.
-    lent: dict[str, float] = field(default_factory=dict)
+    lent: LentRails = field(default_factory=LentRails)  # rails lent to a pod, and since when
     ports: dict[str, PortHealth] = field(default_factory=dict)  # with a hardware section
     error_rates: ErrorRates = field(default_factory=ErrorRates)
     labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint

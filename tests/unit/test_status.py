@@ -123,7 +123,7 @@ def test_dead_daemon(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     data["daemon"]["pid"] = child.pid  # reaped: no such process
     path.write_text(json.dumps(data))
-    view = read_status(tmp_path / "run", stale_after=30)
+    view = read_status(tmp_path / "run", stale_seconds=30)
     assert view.running is False
     res = status_cli(tmp_path)
     assert res.returncode == 1
