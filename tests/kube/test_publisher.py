@@ -116,7 +116,10 @@ def test_conditions_taint_and_events_follow_findings(
     pub.submit(report(node))
     wait_for(lambda: our_taint(core, node) is None, what="boot taint lifted after dwell")
     assert [t["key"] for t in taints(core, node)] == [FOREIGN_1["key"], FOREIGN_2["key"]]
-    conds = conditions(core, node)
+    # The publisher lifts the taint first, then patches the conditions (publisher.py
+    # _sync_node): a read between the two saw none of them (a CI rehearsal did).
+    conds = wait_for(lambda: (c := conditions(core, node)) and all(
+        t in c for t in CONDITION_TYPES) and c, what="the conditions patched after the taint")
     assert {t: conds[t]["status"] for t in CONDITION_TYPES} == dict.fromkeys(CONDITION_TYPES,
                                                                              "True")
     assert conds["Ready"]["message"] == "kubelet is posting ready status"
