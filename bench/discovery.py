@@ -22,7 +22,7 @@ from common import summary
 
 from nodeagent.kube.api import Counters, call
 from nodeagent.kube.peercard import CARD, card_annotation, card_labels
-from nodeagent.model import CardRail, PeerCard
+from nodeagent.model.peers import CardRail, PeerCard
 from nodeagent.run.discovery import discover, lease_lister
 from tests.kit.apiserver import ApiServer, start_apiserver
 

@@ -30,7 +30,8 @@ from kubernetes import watch as k8s_watch
 
 from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.config import Kubernetes
-from nodeagent.model import FABRIC_READY, Finding, Report, Status
+from nodeagent.model.conditions import FABRIC_READY, Finding
+from nodeagent.model.status import Report, Status
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from tests.kit.apiserver import AGENT_GROUP, ApiServer, build_testenv

@@ -14,15 +14,10 @@ import urllib.request
 from common import summary
 
 from nodeagent.checks.conditions import CONDITION_TYPES
-from nodeagent.model import (
-    Finding,
-    LustreProbeStatus,
-    PublisherState,
-    RailCounters,
-    RailStatus,
-    Report,
-    Status,
-)
+from nodeagent.model.conditions import Finding
+from nodeagent.model.lustre import LustreProbeStatus
+from nodeagent.model.rdma import RailCounters
+from nodeagent.model.status import PublisherState, RailStatus, Report, Status
 from nodeagent.publish.metrics import AgentMetrics, serve
 
 

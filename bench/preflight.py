@@ -24,7 +24,8 @@ from pathlib import Path
 
 from common import summary
 
-from nodeagent.model import FABRIC_READY, Finding, Report
+from nodeagent.model.conditions import FABRIC_READY, Finding
+from nodeagent.model.status import Report
 from nodeagent.publish.status import DaemonLock, write_status
 from tests.kit.helpers import free_port
 

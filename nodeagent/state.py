@@ -27,7 +27,7 @@ from nodeagent.io.files import (
     read_text_bounded,
     write_json_atomic,
 )
-from nodeagent.model import Pin
+from nodeagent.model.rdma import Pin
 
 log = logging.getLogger(__name__)
 PINS_FILE = "pins.json"

@@ -21,11 +21,14 @@ from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.dra import slices_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.facts import (
+    CountersSeen,
     CustomChecksSeen,
     Facts,
+    FingerprintSeen,
     LustreSeen,
     PeersSeen,
     PluginSeen,
+    PortsSeen,
     SlicesSeen,
     TransportSeen,
 )
@@ -41,11 +44,11 @@ from nodeagent.checks.peers import (
     rail_peer_stats,
     static_peers,
 )
-from nodeagent.checks.port_health import hardware_finding
-from nodeagent.checks.traffic import traffic_expectation, traffic_finding
+from nodeagent.checks.port_health import ErrorRates, hardware_finding
+from nodeagent.checks.traffic import TrafficTracker, traffic_expectation, traffic_finding
 from nodeagent.checks.transport import transport_finding
 from nodeagent.config import Config
-from nodeagent.model import (
+from nodeagent.model.conditions import (
     CUSTOM_CHECKS_PASSED,
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
@@ -60,11 +63,9 @@ from nodeagent.model import (
     ROCE_NETWORK_READY,
     ConditionType,
     Finding,
-    PeerRef,
-    PeerStats,
-    RailStatus,
-    Report,
 )
+from nodeagent.model.peers import PeerRef, PeerStats
+from nodeagent.model.status import RailStatus, Report
 
 Judge = Callable[[Config, Facts], Finding]
 
@@ -114,7 +115,14 @@ def _plugin(cfg: Config, facts: Facts) -> Finding:
 def _traffic(cfg: Config, facts: Facts) -> Finding:
     seen = facts.get(PluginSeen)
     expected, why = traffic_expectation(cfg, seen.observation if seen else None)
-    return traffic_finding(cfg, facts.traffic, facts.now, facts.counters, expected, why)
+    counted = facts.get(CountersSeen)
+    return traffic_finding(cfg, counted.traffic if counted else TrafficTracker(), facts.now,
+                           counted.counters if counted else {}, expected, why)
+
+
+def _hardware(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(PortsSeen)
+    return hardware_finding(cfg, seen.ports if seen else {}, seen.rates if seen else ErrorRates())
 
 
 def _lustre(cfg: Config, facts: Facts) -> Finding:
@@ -182,7 +190,7 @@ CONDITIONS: Sequence[Condition] = (
     FABRIC,
     Condition(FABRIC_TRAFFIC_ON_RDMA, _traffic, column="TRAFFIC", section="fabric_traffic",
               gate="section", example={}),
-    Condition(RDMA_HARDWARE_HEALTHY, lambda cfg, f: hardware_finding(cfg, f.ports, f.error_rates),
+    Condition(RDMA_HARDWARE_HEALTHY, _hardware,
               column="HW", section="hardware", needs_section=True, gate="section",
               example={}),
     Condition(CUSTOM_CHECKS_PASSED, _custom, column="CUSTOM", section="custom_checks",
@@ -218,7 +226,8 @@ def judge_all(cfg: Config, facts: Facts,
 def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
     """Each rail as the status file, the metrics and `status --json` show it."""
     drift, gid = facts.derive(drift_by_rail, cfg), facts.derive(gid_verdict, cfg)
-    transport = facts.get(TransportSeen)
+    transport, counted, ports = facts.get(TransportSeen), facts.get(CountersSeen), \
+        facts.get(PortsSeen)
     peers = facts.derive(peer_stats_by_rail, cfg)
     nccl = facts.derive(nccl_defaults, cfg)
     rails = []
@@ -239,7 +248,8 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             rdma_port=rail.rdma_port if rail.rdma_device else (
                 learned.port if learned else None),
             nccl_default_gid_index=(nccl[rail.name].index if rail.name in nccl else None),
-            counters=facts.counters.get(rail.name), port=facts.ports.get(rail.name),
+            counters=counted.counters.get(rail.name) if counted else None,
+            port=ports.ports.get(rail.name) if ports else None,
             repairs_total=timeline.repairs if timeline else None,
             carrier_losses_total=timeline.carrier_losses_total if timeline else None,
             carrier_losses_in_window=timeline.carrier_losses_in_window if timeline else None,
@@ -251,6 +261,7 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
 def judge_pass(cfg: Config, facts: Facts, errors: Sequence[str] = (),
                actions: Sequence[str] = ()) -> Report:
     """The report of one pass, from its facts alone (pure: judged twice, the same)."""
+    labels = facts.get(FingerprintSeen)
     return Report(node=cfg.resolved_node_name(), findings=judge_all(cfg, facts),
                   actions=list(actions), errors=list(errors), gid_source=facts.gid_source,
-                  rails=rail_statuses(cfg, facts), labels=dict(facts.labels))
+                  rails=rail_statuses(cfg, facts), labels=dict(labels.labels) if labels else {})

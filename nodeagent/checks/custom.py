@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nodeagent.config import Config
-from nodeagent.model import CUSTOM_CHECKS_PASSED, CustomCheckResult, Finding, Problems
+from nodeagent.model.conditions import CUSTOM_CHECKS_PASSED, Finding, Problems
+from nodeagent.model.status import CustomCheckResult
 
 
 def custom_finding(cfg: Config, results: Mapping[str, CustomCheckResult]) -> Finding:

@@ -12,16 +12,14 @@ from collections.abc import Iterable, Set
 
 from nodeagent.config import Config
 from nodeagent.kube.fields import quantity, timestamp
-from nodeagent.model import (
-    RDMA_DEVICE_PLUGIN_READY,
+from nodeagent.model.conditions import RDMA_DEVICE_PLUGIN_READY, Finding, Problems
+from nodeagent.model.kube import (
     DaemonSetFacts,
     DevicePluginObservation,
-    Finding,
     ImagePlatforms,
     NodeFacts,
     Platform,
     PodFacts,
-    Problems,
     Toleration,
 )
 

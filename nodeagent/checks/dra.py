@@ -14,13 +14,8 @@ is incomplete.
 from __future__ import annotations
 
 from nodeagent.config import Config, Dra, Rail
-from nodeagent.model import (
-    RDMA_RESOURCE_SLICES_READY,
-    Finding,
-    Problems,
-    SliceDevice,
-    SlicesObservation,
-)
+from nodeagent.model.conditions import RDMA_RESOURCE_SLICES_READY, Finding, Problems
+from nodeagent.model.kube import SliceDevice, SlicesObservation
 
 
 def rail_device(rail: Rail, dra: Dra, devices: tuple[SliceDevice, ...]) -> SliceDevice | None:

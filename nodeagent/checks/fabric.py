@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nodeagent.model import FABRIC_READY, Finding, Problems
+from nodeagent.model.conditions import FABRIC_READY, Finding, Problems
 
 
 def fabric_finding(parts: Sequence[Finding]) -> Finding:

@@ -1,11 +1,12 @@
 """What one pass judges: every fact the conditions read, frozen for the pass.
 
-Two kinds of fact. The rails' own state (netlink, the GID table, counters, ports, the
-fingerprint) is read by the pass itself and has a field each. Everything a source hands
-the loop on its own cadence is a `Delivered` observation: the store keeps the latest of
-each kind (`seen`, keyed by its class) through one generic `deliver`, and a judge asks for
-the kind it reads (`facts.get(TransportSeen)`). A new source is a new Delivered class;
-nothing in the store, the pass or this view changes for it.
+Two kinds of fact. What the repairs work from (netlink, the GID table, the queue pairs) is
+read by the pass itself and has a field each. Everything else is a `Delivered` observation,
+whether a source hands it over on its own cadence or the pass reads it (counters, ports,
+the fingerprint): the store keeps the latest of each kind (`seen`, keyed by its class)
+through one generic `deliver`, and a judge asks for the kind it reads
+(`facts.get(TransportSeen)`). A new source is a new Delivered class; nothing in the store,
+the pass or this view changes for it.
 
 Verdicts several readers need (the GID verdict: its judge, the re-pin and the probes'
 targets; drift and peer statistics: their judges and the rails' status) are derived from
@@ -24,22 +25,12 @@ from typing import Any, TypeVar
 from nodeagent.checks.peers import PeerHistory
 from nodeagent.checks.port_health import ErrorRates
 from nodeagent.checks.traffic import TrafficTracker
-from nodeagent.model import (
-    CustomCheckResult,
-    DevicePluginObservation,
-    GidTable,
-    LustreObservation,
-    PeerProbe,
-    PeerRef,
-    Pin,
-    PortHealth,
-    QueuePairs,
-    RailCounters,
-    RailObservation,
-    RailTimeline,
-    SlicesObservation,
-    TransportResult,
-)
+from nodeagent.model.kube import DevicePluginObservation, SlicesObservation
+from nodeagent.model.lustre import LustreObservation
+from nodeagent.model.network import RailObservation
+from nodeagent.model.peers import PeerProbe, PeerRef, TransportResult
+from nodeagent.model.rdma import GidTable, Pin, PortHealth, QueuePairs, RailCounters
+from nodeagent.model.status import CustomCheckResult, RailTimeline
 
 D = TypeVar("D", bound="Delivered")
 T = TypeVar("T")
@@ -61,6 +52,51 @@ def latest(seen: Mapping[type[Delivered], Delivered], kind: type[D]) -> D | None
     """The latest observation of a kind in `seen`, None before its source's first."""
     got = seen.get(kind)
     return got if isinstance(got, kind) else None
+
+
+@dataclass(frozen=True)
+class CountersSeen(Delivered):
+    """Each rail's byte counters as this pass read them (a rail whose read did not answer
+    is absent: its traffic verdict waits), folded into the traffic history."""
+
+    counters: Mapping[str, RailCounters]
+    at: float = 0.0  # monotonic
+    window: float | None = None  # fabric_traffic.window; None: no traffic history kept
+    traffic: TrafficTracker = field(default_factory=TrafficTracker, compare=False, repr=False)
+
+    def after(self, previous: CountersSeen | None) -> CountersSeen:
+        traffic = previous.traffic if previous is not None else TrafficTracker()
+        if self.window is not None:
+            traffic.observe(self.at, self.window, self.counters)
+        return replace(self, traffic=traffic)
+
+    def without_rails(self, rails: Set[str]) -> CountersSeen:
+        return replace(self, counters={r: c for r, c in self.counters.items()
+                                       if r not in rails})
+
+
+@dataclass(frozen=True)
+class PortsSeen(Delivered):
+    """Each rail's RDMA port, PCIe link and error counters as this pass read them (a port
+    that did not answer is absent), folded into the error counters' history."""
+
+    ports: Mapping[str, PortHealth]
+    at: float = 0.0  # monotonic
+    window: float = 300.0  # hardware.error_window
+    rates: ErrorRates = field(default_factory=ErrorRates, compare=False, repr=False)
+
+    def after(self, previous: PortsSeen | None) -> PortsSeen:
+        rates = previous.rates if previous is not None else ErrorRates()
+        rates.observe(self.at, self.window, self.ports)
+        return replace(self, rates=rates)
+
+    def without_rails(self, rails: Set[str]) -> PortsSeen:
+        return replace(self, ports={r: p for r, p in self.ports.items() if r not in rails})
+
+
+@dataclass(frozen=True)
+class FingerprintSeen(Delivered):
+    labels: Mapping[str, str]  # the hardware fingerprint, as node labels
 
 
 @dataclass(frozen=True)
@@ -132,11 +168,6 @@ class Facts:
     # What only time shows of each rail (the daemon's; a one-shot command has none).
     timelines: Mapping[str, RailTimeline] = field(default_factory=dict)
     pins: Mapping[str, Pin] = field(default_factory=dict)  # learned (config pins aside)
-    counters: Mapping[str, RailCounters] = field(default_factory=dict)
-    traffic: TrafficTracker = field(default_factory=TrafficTracker)
-    ports: Mapping[str, PortHealth] = field(default_factory=dict)
-    error_rates: ErrorRates = field(default_factory=ErrorRates)
-    labels: Mapping[str, str] = field(default_factory=dict)  # the hardware fingerprint
     seen: Mapping[type[Delivered], Delivered] = field(default_factory=dict)  # by kind
     # What `derive` computed from these facts, once each (not part of the facts).
     _derived: dict[Callable[..., Any], Any] = field(default_factory=dict, compare=False,

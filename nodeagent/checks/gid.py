@@ -11,17 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from nodeagent.config import Config, Rail
-from nodeagent.model import (
-    ROCE_GID_STABLE,
-    Finding,
-    GidEntry,
-    GidShift,
-    GidTable,
-    GidType,
-    Pin,
-    Problems,
-    QueuePairs,
-)
+from nodeagent.model.conditions import ROCE_GID_STABLE, Finding, Problems
+from nodeagent.model.rdma import GidEntry, GidShift, GidTable, GidType, Pin, QueuePairs
 
 if TYPE_CHECKING:
     from nodeagent.checks.facts import Facts

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from nodeagent.model import DriftKind, LinkState
+from nodeagent.model.network import DriftKind, LinkState
 
 
 def _older(value: int | None, seen: int | None) -> bool:

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 from nodeagent.config import Config, LustreMount
-from nodeagent.model import (
-    LUSTRE_READY,
-    Finding,
-    HealthState,
-    LustreObservation,
-    Problem,
-    Problems,
-)
+from nodeagent.model.conditions import LUSTRE_READY, Finding, Problem, Problems
+from nodeagent.model.lustre import HealthState, LustreObservation
 
 
 def fsname(source: str) -> str:

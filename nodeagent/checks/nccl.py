@@ -48,7 +48,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeagent.model import GidSlot, NodeRail, PortView, Unfit
+from nodeagent.model.jobs import GidSlot, NodeRail, PortView, Unfit
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 C_SPACE = " \t\n\v\f\r"

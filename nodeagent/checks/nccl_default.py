@@ -14,15 +14,9 @@ from nodeagent.checks.facts import Facts
 from nodeagent.checks.gid import pin_for, rail_entries
 from nodeagent.checks.nccl import DEFAULTS, GidChoice, choose_gid
 from nodeagent.config import Config
-from nodeagent.model import (
-    NCCL_DEFAULT_GID_PINNED,
-    Finding,
-    GidEntry,
-    GidSlot,
-    GidType,
-    PortView,
-    Problems,
-)
+from nodeagent.model.conditions import NCCL_DEFAULT_GID_PINNED, Finding, Problems
+from nodeagent.model.jobs import GidSlot, PortView
+from nodeagent.model.rdma import GidEntry, GidType
 
 NOT_PINNED = "NCCLDefaultNotPinned"
 UNKNOWN = "NCCLDefaultUnknown"

@@ -11,15 +11,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nodeagent.config import Config, Rail
-from nodeagent.model import (
+from nodeagent.model.conditions import ROCE_NETWORK_READY, Finding, Problems
+from nodeagent.model.network import (
     DRIFT_ORDER,
-    ROCE_NETWORK_READY,
     Deletion,
     Drift,
     DriftKind,
-    Finding,
     LinkState,
-    Problems,
     RailObservation,
 )
 

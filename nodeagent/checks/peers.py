@@ -20,15 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.config import Config, Peers
-from nodeagent.model import (
-    RDMA_PEERS_REACHABLE,
-    Finding,
-    PeerOutcome,
-    PeerProbe,
-    PeerRef,
-    PeerStats,
-    Problems,
-)
+from nodeagent.model.conditions import RDMA_PEERS_REACHABLE, Finding, Problems
+from nodeagent.model.peers import PeerOutcome, PeerProbe, PeerRef, PeerStats
 
 FABRIC_FAULTS = (PeerOutcome.ROCE_FAILED, PeerOutcome.MTU_FAILED)
 NOT_RESPONDING = "PeerNotResponding"  # about the peer, not this node: never a taint

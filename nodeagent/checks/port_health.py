@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.config import Config, Hardware
-from nodeagent.model import RDMA_HARDWARE_HEALTHY, Finding, PortHealth, Problems
+from nodeagent.model.conditions import RDMA_HARDWARE_HEALTHY, Finding, Problems
+from nodeagent.model.rdma import PhysState, PortHealth, PortState
 
 
 @dataclass
@@ -52,14 +53,22 @@ class ErrorRates:
 UNREADABLE = "HardwareNotReadable"
 
 
+def _why_unread(port: PortHealth, attribute: str) -> str:
+    """What the probe noted for an attribute it could not read (an error, a new word)."""
+    noted = [u for u in port.unreadable if u == attribute or u.startswith(f"{attribute}:")]
+    return f" ({noted[0]})" if noted else ""
+
+
 def _port_problems(where: str, port: PortHealth, hw: Hardware, problems: Problems) -> None:
     if port.state is None:
-        problems.unknown(UNREADABLE, f"{where}: port state not readable")
-    elif port.state != "ACTIVE":
+        problems.unknown(UNREADABLE, f"{where}: port state not readable"
+                                     f"{_why_unread(port, 'state')}")
+    elif port.state is not PortState.ACTIVE:
         problems.fail("PortNotActive", f"{where}: port {port.state}, want ACTIVE")
     if port.phys_state is None:
-        problems.unknown(UNREADABLE, f"{where}: physical state not readable")
-    elif port.phys_state != "LinkUp":
+        problems.unknown(UNREADABLE, f"{where}: physical state not readable"
+                                     f"{_why_unread(port, 'phys_state')}")
+    elif port.phys_state is not PhysState.LINK_UP:
         problems.fail("PortPhysicalLinkDown",
                       f"{where}: physical link {port.phys_state}, want LinkUp")
     if hw.link_layer and port.link_layer and port.link_layer != hw.link_layer:

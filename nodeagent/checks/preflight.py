@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nodeagent.checks.nccl import NcclEnv, NcclPlan, nccl_problems, predict
-from nodeagent.model import NodeRail, NodeVerdict, PortView, Unfit, VerbsDevice
+from nodeagent.model.jobs import NodeRail, NodeVerdict, PortView, Unfit, VerbsDevice
 
 
 @dataclass(frozen=True)

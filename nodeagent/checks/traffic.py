@@ -19,14 +19,9 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from nodeagent.config import Config
-from nodeagent.model import (
-    FABRIC_TRAFFIC_ON_RDMA,
-    DevicePluginObservation,
-    Finding,
-    PodFacts,
-    Problems,
-    RailCounters,
-)
+from nodeagent.model.conditions import FABRIC_TRAFFIC_ON_RDMA, Finding, Problems
+from nodeagent.model.kube import DevicePluginObservation, PodFacts
+from nodeagent.model.rdma import RailCounters
 
 
 @dataclass(frozen=True)

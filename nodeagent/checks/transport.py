@@ -5,13 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nodeagent.config import Config
-from nodeagent.model import (
-    RDMA_TRANSPORT_VERIFIED,
-    Finding,
-    Problems,
-    TransportResult,
-    TransportStep,
-)
+from nodeagent.model.conditions import RDMA_TRANSPORT_VERIFIED, Finding, Problems
+from nodeagent.model.peers import TransportResult, TransportStep
 
 UNVERIFIED = "TransportNotVerified"  # not probed, stale, or failed outside the steps
 

@@ -35,7 +35,8 @@ from nodeagent.io.files import one_line, printable
 from nodeagent.kube.fields import text, timestamp
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import read_lease
-from nodeagent.model import FABRIC_READY, FW_VERSION, HCA_TYPE
+from nodeagent.model.conditions import FABRIC_READY
+from nodeagent.model.kube import FW_VERSION, HCA_TYPE
 
 # `-o wide`: a column for every registered condition but FabricReady (the FABRIC column).
 COLUMNS = tuple(c for c in CONDITIONS if c.type != FABRIC_READY)

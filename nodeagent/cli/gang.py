@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.io.files import one_line, parse_json_state
-from nodeagent.model import NodeRail, PeerOutcome, RailEndpoint, Unfit
+from nodeagent.model.jobs import NodeRail, Unfit
+from nodeagent.model.peers import PeerOutcome, RailEndpoint
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.run.responder import Responder, Served
 

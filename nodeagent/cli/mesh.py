@@ -17,7 +17,7 @@ from typing import Any
 
 from nodeagent.io.files import printable
 from nodeagent.kube.peercard import lease_node, parse_card, parse_mesh
-from nodeagent.model import MeshVerdict
+from nodeagent.model.peers import MeshVerdict
 
 FAULTS = (MeshVerdict.ROCE, MeshVerdict.MTU)
 # One letter a verdict (readable without colour), and its colour on a terminal.

@@ -32,7 +32,8 @@ from nodeagent.config import parse_duration
 from nodeagent.io.files import NotARegularFile, printable, write_regular
 from nodeagent.kube.fields import items, obj, text
 from nodeagent.kube.nodeview import read_node
-from nodeagent.model import FABRIC_READY, NodeRail, NodeVerdict, Unfit
+from nodeagent.model.conditions import FABRIC_READY
+from nodeagent.model.jobs import NodeRail, NodeVerdict, Unfit
 
 TERMINATION_MAX = 4096  # the kubelet keeps this much of a termination message
 EXIT_FIT, EXIT_UNFIT, EXIT_USAGE = 0, 1, 2

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.io.bounded import BoundedReads
-from nodeagent.model import ProbeResult
+from nodeagent.model.lustre import ProbeResult
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nodeagent.model import (
+from nodeagent.model.kube import (
     ContainerFacts,
     DaemonSetFacts,
     DevicePluginObservation,

@@ -26,7 +26,8 @@ from typing import Any
 
 from nodeagent.io.files import parse_json_state
 from nodeagent.kube.fields import obj, text, timestamp
-from nodeagent.model import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats, RailStatus
+from nodeagent.model.peers import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats
+from nodeagent.model.status import RailStatus
 
 RING = "ring.nodeagent.io/p"
 NET = "net.nodeagent.io/"

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nodeagent.kube.fields import items, obj, text
-from nodeagent.model import SliceDevice, SlicesObservation
+from nodeagent.model.kube import SliceDevice, SlicesObservation
 
 MAX_DEVICES = 4096  # a node's devices read, at most
 

@@ -18,7 +18,7 @@ import stat
 from pathlib import Path
 
 from nodeagent.io.files import describe_error, read_attribute, read_text_bounded
-from nodeagent.model import GidSlot, PortView, VerbsDevice
+from nodeagent.model.jobs import GidSlot, PortView, VerbsDevice
 
 
 def read_verbs_devices(dev_root: Path, sysfs_root: Path) -> list[VerbsDevice]:

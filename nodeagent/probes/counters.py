@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nodeagent.io.bounded import Where
 from nodeagent.io.files import read_attribute
-from nodeagent.model import RailCounters
+from nodeagent.model.rdma import RailCounters
 
 WORD = 4  # port_xmit_data / port_rcv_data count 32-bit words
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.io.files import NotARegularFile, open_counted, read_attribute
-from nodeagent.model import GidEntry, GidReadError, GidTable, GidType
+from nodeagent.model.rdma import GidEntry, GidReadError, GidTable, GidType
 
 GidSource = Literal["auto", "pyverbs", "sysfs"]
 

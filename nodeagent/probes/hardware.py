@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nodeagent.io.bounded import Where
 from nodeagent.io.files import read_attribute
-from nodeagent.model import BOARD_ID, DRIVER, FINGERPRINT_LABELS, FW_VERSION, HCA_TYPE
+from nodeagent.model.kube import BOARD_ID, DRIVER, FINGERPRINT_LABELS, FW_VERSION, HCA_TYPE
 
 
 def _text(path: Path, where: Where) -> str | None:

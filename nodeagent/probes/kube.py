@@ -20,7 +20,7 @@ from nodeagent.config import DevicePlugin
 from nodeagent.kube.api import Counters, call
 from nodeagent.kube.objects import plugin_observation
 from nodeagent.kube.watch import WatchedCollection, describe
-from nodeagent.model import DevicePluginObservation
+from nodeagent.model.kube import DevicePluginObservation
 
 
 @dataclass

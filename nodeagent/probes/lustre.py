@@ -16,7 +16,7 @@ from pathlib import Path
 from nodeagent.io.bounded import Stuck, Where
 from nodeagent.io.commands import BoundedRunner
 from nodeagent.io.files import describe_error, read_text_bounded
-from nodeagent.model import Health, HealthState, LustreObservation, MountEntry
+from nodeagent.model.lustre import Health, HealthState, LustreObservation, MountEntry
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 

@@ -18,7 +18,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from nodeagent.config import Rail
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
-from nodeagent.model import (
+from nodeagent.model.network import (
     AddressInfo,
     Deletion,
     EventKind,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model import PeerOutcome, PeerProbe, RailEndpoint, RDMAVolume
+from nodeagent.model.peers import PeerOutcome, PeerProbe, RailEndpoint
+from nodeagent.model.rdma import RDMAVolume
 from nodeagent.probes.peerwire import (
     MTUS,
     REPLY_SIZE,
@@ -103,7 +104,7 @@ class RailEnd:
         from pyverbs.mr import MR
         from pyverbs.pd import PD
 
-        from nodeagent.model import TransportStep as Step
+        from nodeagent.model.peers import TransportStep as Step
 
         at = self.at
         self.ctx, self.gid, self.mtu = open_device(at.device, at.port, at.gid_index, at.address)

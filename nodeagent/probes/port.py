@@ -15,11 +15,14 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from nodeagent.io.bounded import Where
 from nodeagent.io.files import read_attribute
-from nodeagent.model import PcieLink, PortHealth
+from nodeagent.model.rdma import PcieLink, PhysState, PortHealth, PortState
+from nodeagent.model.words import Words
 
+W = TypeVar("W", bound=Words)
 _NUMBERED = re.compile(r"^\d+:\s*(.+)$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec")
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?) ?GT/s")
@@ -36,12 +39,18 @@ def _text(path: Path, where: Where, missing: list[str]) -> str | None:
         return None
 
 
-def _numbered(text: str | None) -> str | None:
-    """"4: ACTIVE" -> "ACTIVE"."""
+def _numbered(text: str | None, words: type[W], where: str, missing: list[str]) -> W | None:
+    """"4: ACTIVE" -> PortState.ACTIVE. A word the kernel has no name for ("<unknown>") or
+    one newer than this agent reads as unreadable, named in the message."""
     if text is None:
         return None
     match = _NUMBERED.match(text)
-    return match.group(1).strip() if match else text
+    word = match.group(1).strip() if match else text
+    try:
+        return words(word)
+    except ValueError:
+        missing.append(f"{where}: unknown word {word[:40]!r}")
+        return None
 
 
 def parse_rate(text: str | None) -> float | None:
@@ -98,8 +107,9 @@ def read_port_health(sysfs: Path, device: str, port: int, counters: Iterable[str
     rate = _text(ports / "rate", where, missing)
     return PortHealth(
         device=device, port=port,
-        state=_numbered(_text(ports / "state", where, missing)),
-        phys_state=_numbered(_text(ports / "phys_state", where, missing)),
+        state=_numbered(_text(ports / "state", where, missing), PortState, "state", missing),
+        phys_state=_numbered(_text(ports / "phys_state", where, missing), PhysState,
+                             "phys_state", missing),
         link_layer=_text(ports / "link_layer", where, missing),
         rate_gbps=parse_rate(rate), rate=rate,
         hca_type=_text(base / "hca_type", where, missing),

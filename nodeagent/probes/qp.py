@@ -12,7 +12,7 @@ import json
 import subprocess
 from typing import Any
 
-from nodeagent.model import QueuePair, QueuePairs
+from nodeagent.model.rdma import QueuePair, QueuePairs
 
 
 def parse_qps(text: str) -> QueuePairs:

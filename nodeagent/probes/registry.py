@@ -31,7 +31,7 @@ import urllib3
 from nodeagent.io.files import one_line, parse_json_state
 from nodeagent.io.http import TRACKED_POOLS, BodyTooLarge, DeadlineExceeded, read_body
 from nodeagent.io.http import deadline as http_deadline
-from nodeagent.model import ImagePlatforms, Platform
+from nodeagent.model.kube import ImagePlatforms, Platform
 
 DOCKER_HUB = "registry-1.docker.io"
 INDEX_TYPES = (

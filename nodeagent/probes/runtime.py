@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.io.files import describe_error, read_bytes_bounded, read_tail
-from nodeagent.model import ImagePlatforms, Platform, PodFacts
+from nodeagent.model.kube import ImagePlatforms, Platform, PodFacts
 from nodeagent.probes.registry import platform_of
 
 BLOB_MAX = 1 << 20  # a manifest, index or config is a few KiB

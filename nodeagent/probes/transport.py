@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model import RDMAVolume, TransportResult
-from nodeagent.model import TransportStep as Step
+from nodeagent.model.peers import TransportResult
+from nodeagent.model.peers import TransportStep as Step
+from nodeagent.model.rdma import RDMAVolume
 from nodeagent.probes.volume import RC_ATTEMPTS, rdma_send
 
 SIZE = 64  # bytes per latency message

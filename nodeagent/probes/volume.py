@@ -11,7 +11,7 @@ a job off the fabric, which only a job moving less RDMA than the probes do could
 
 from __future__ import annotations
 
-from nodeagent.model import RDMAVolume
+from nodeagent.model.rdma import RDMAVolume
 
 # Bytes a packet may carry besides its payload, rounded up: Ethernet 14 + IPv4 20 + UDP 8
 # + BTH 12 + RETH 16 + ICRC 4 + FCS 4 (the IB counters count fewer of them).

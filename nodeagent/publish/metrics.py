@@ -26,7 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import Collector
 
-from nodeagent.model import LustreProbeStatus, PublisherState, RailStatus, Status
+from nodeagent.model.lustre import LustreProbeStatus
+from nodeagent.model.rdma import PhysState, PortState
+from nodeagent.model.status import PublisherState, RailStatus, Status
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -173,7 +175,8 @@ def _ports(rails: Iterable[RailStatus]) -> Iterable[Metric]:
         if p.rate_gbps is not None:
             rate.add_metric(labels, p.rate_gbps)
         if p.state is not None and p.phys_state is not None:
-            active.add_metric(labels, float(p.state == "ACTIVE" and p.phys_state == "LinkUp"))
+            active.add_metric(labels, float(p.state is PortState.ACTIVE
+                                                  and p.phys_state is PhysState.LINK_UP))
         if p.pcie is not None:
             link: dict[str, float | None] = {
                 "current_speed": p.pcie.speed, "current_width": p.pcie.width,

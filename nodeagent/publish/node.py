@@ -18,13 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.kube.nodeview import NodeCondition, NodeView
-from nodeagent.model import (
-    FABRIC_READY,
-    FINGERPRINT_LABELS,
-    ConditionType,
-    Finding,
-    rfc3339,
-)
+from nodeagent.model.conditions import FABRIC_READY, ConditionType, Finding
+from nodeagent.model.kube import FINGERPRINT_LABELS
+from nodeagent.model.status import rfc3339
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")

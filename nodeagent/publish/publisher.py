@@ -19,7 +19,8 @@ from nodeagent.config import Kubernetes
 from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
-from nodeagent.model import FABRIC_READY, Finding, PublisherState, Status
+from nodeagent.model.conditions import FABRIC_READY, Finding
+from nodeagent.model.status import PublisherState, Status
 from nodeagent.publish.node import (
     STARTING,
     Changed,
@@ -69,8 +70,57 @@ class _Written:
     lease_meta: tuple[dict[str, str], dict[str, str]] = ({}, {})  # labels, annotations
 
 
+class _NodeLink:
+    """The API side, made at the first round: the Node writer, and one watch of the
+    agent's own Node (list, then watch from its resourceVersion, bookmarks, a new list on
+    410): every change by anyone is compared with the verdict at once, and steady state
+    costs no request beyond the watch itself."""
+
+    def __init__(self, factory: Callable[[], NodeWriter], wake: Callable[[], None]) -> None:
+        self._factory = factory
+        self._wake = wake
+        self.writer: NodeWriter | None = None
+        self.watch: WatchedCollection | None = None
+        self.dirty = False  # the watch saw a change not yet compared
+
+    def connect(self) -> NodeWriter:
+        if self.writer is None:
+            from nodeagent.kube.watch import WatchedCollection
+
+            self.writer = writer = self._factory()
+            self.watch = WatchedCollection(
+                writer.api, writer.counters, "/api/v1/nodes",
+                [("fieldSelector", f"metadata.name={writer.node}")], self._changed)
+            self.watch.start()
+        return self.writer
+
+    def _changed(self) -> None:
+        self.dirty = True
+        self._wake()
+
+    def take_dirty(self) -> bool:
+        """Cleared before the snapshot is taken: a change the watch brings in meanwhile
+        sets it again and wakes the next round, never lost."""
+        dirty, self.dirty = self.dirty, False
+        return dirty
+
+    def watched(self) -> dict[str, Any] | None:
+        """The Node as the watch has it now; None while the watch is not synced or
+        failing (then the publisher reads the Node itself)."""
+        watch = self.watch
+        if watch is None or not watch.synced.is_set():
+            return None
+        items, error = watch.snapshot()
+        return items[0] if items and not error else None
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+
+
 class Publisher(threading.Thread):
     mesh_gap = MESH_GAP  # seconds between early Lease writes of a changed card or mesh
+
     def __init__(
         self,
         cfg: Kubernetes,
@@ -81,8 +131,7 @@ class Publisher(threading.Thread):
         super().__init__(name="kube-publisher", daemon=True)
         self.cfg = cfg
         self._on_change = on_change  # the status file shows the Kubernetes side too
-        self._factory = writer_factory
-        self.writer: NodeWriter | None = None
+        self._link = _NodeLink(writer_factory, self._wake_up)
         self.clock = clock
         self.gate = TaintGate(cfg.clear_after)
         self.state = PublishState(tainted=cfg.taint is not None)  # conditions only: never
@@ -92,8 +141,15 @@ class Publisher(threading.Thread):
         self._latest: Status | None = None
         self._written = _Written()
         self._due = _Due()
-        self.node_watch: WatchedCollection | None = None  # the agent's own Node, watched
-        self._node_dirty = False  # the watch saw a change not yet compared
+
+    @property
+    def writer(self) -> NodeWriter | None:
+        return self._link.writer
+
+    @property
+    def node_watch(self) -> WatchedCollection | None:
+        """The agent's own Node, watched (the device plugin's reader uses it too)."""
+        return self._link.watch
 
     # ------------------------------------------------------------ API for the local loop
 
@@ -110,11 +166,9 @@ class Publisher(threading.Thread):
         self._halt.set()
         self._wake.set()
         self.join(timeout)
-        if self.node_watch is not None:
-            self.node_watch.stop()
+        self._link.stop()
 
-    def _node_changed(self) -> None:
-        self._node_dirty = True
+    def _wake_up(self) -> None:
         self._wake.set()
 
     # ------------------------------------------------------------ the thread
@@ -127,7 +181,7 @@ class Publisher(threading.Thread):
             deadlines = [self._due.lease]
             if self._written.key is not None:
                 deadlines.append(self._due.heartbeat)
-            if self._watched_node() is None:  # only then is the Node re-read on a timer
+            if self._link.watched() is None:  # only then is the Node re-read on a timer
                 deadlines.append(self._due.reconcile)
             lift = self.gate.lifts_at()
             if lift is not None:
@@ -169,19 +223,14 @@ class Publisher(threading.Thread):
         now = self.clock()
         with self._lock:
             report = self._latest
-        if self.writer is None:
-            self.writer = self._factory()
-            self._watch_node(self.writer)
-        writer = self.writer
+        writer = self._link.connect()
         if report is not None:
             with self._lock:  # the newest report still holds now: the dwell may be over
                 before = self.gate.tainted
                 tainted = self.gate.feed(now, _fabric(report))
                 want = (tainted, self.gate.reason)
-            # Cleared before the snapshot is taken: a change the watch brings in meanwhile
-            # sets it again and wakes the next round, never lost.
-            dirty, self._node_dirty = self._node_dirty, False
-            watched = self._watched_node()
+            dirty = self._link.take_dirty()
+            watched = self._link.watched()
             # Without a working watch, the Node is re-read every reconcile_interval.
             reconcile = watched is None and now >= self._due.reconcile
             # The local loop resubmits an unchanged report every resync: that costs nothing
@@ -219,26 +268,6 @@ class Publisher(threading.Thread):
         if report is None:
             return self._written.lease_meta
         return lease_metadata(report.peer_card, report.report.rails)
-
-    def _watch_node(self, writer: NodeWriter) -> None:
-        """One watch of the agent's own Node (list, then watch from its resourceVersion,
-        bookmarks, a new list on 410): every change by anyone is compared with the verdict
-        at once, and steady state costs no request beyond the watch itself."""
-        from nodeagent.kube.watch import WatchedCollection
-
-        self.node_watch = WatchedCollection(
-            writer.api, writer.counters, "/api/v1/nodes",
-            [("fieldSelector", f"metadata.name={writer.node}")], self._node_changed)
-        self.node_watch.start()
-
-    def _watched_node(self) -> dict[str, Any] | None:
-        """The Node as the watch has it now; None while the watch is not synced or failing
-        (then the publisher reads the Node itself)."""
-        watch = self.node_watch
-        if watch is None or not watch.synced.is_set():
-            return None
-        items, error = watch.snapshot()
-        return items[0] if items and not error else None
 
     def _drifted(self, node: dict[str, Any], report: Status, tainted: bool) -> bool:
         """Whether the Node says something other than the agent's verdict: its taint,

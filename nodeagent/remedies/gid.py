@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.config import Rail
-from nodeagent.model import DriftKind, GidShift
+from nodeagent.model.network import DriftKind
+from nodeagent.model.rdma import GidShift
 from nodeagent.remedies.network import Action, AddAddress, Addr, RemoveAddress, execute
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from nodeagent.config import Config
 from nodeagent.io.commands import BoundedRunner
-from nodeagent.model import LustreObservation
+from nodeagent.model.lustre import LustreObservation
 
 REMOUNT_REASONS = ("NotMounted", "WrongSource", "WrongType", "MissingOption")
 

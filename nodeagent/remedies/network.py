@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from nodeagent.config import Config, Rail, sysctl_parts
 from nodeagent.io.files import write_attribute
-from nodeagent.model import Drift, DriftKind
+from nodeagent.model.network import Drift, DriftKind
 
 log = logging.getLogger(__name__)
 

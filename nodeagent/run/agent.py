@@ -23,16 +23,10 @@ from nodeagent.checks.facts import LustreSeen
 from nodeagent.config import Config
 from nodeagent.io.signals import take_hup
 from nodeagent.io.systemd import CONDITION, REASON, Notifier
-from nodeagent.model import (
-    FABRIC_READY,
-    DaemonRun,
-    DaemonState,
-    EventKind,
-    KernelEvent,
-    LustreProbeStatus,
-    Report,
-    Status,
-)
+from nodeagent.model.conditions import FABRIC_READY
+from nodeagent.model.lustre import LustreProbeStatus
+from nodeagent.model.network import EventKind, KernelEvent
+from nodeagent.model.status import DaemonRun, DaemonState, Report, Status
 from nodeagent.publish.status import DaemonLock, write_status
 from nodeagent.run.discovery import own_card
 from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass

@@ -16,7 +16,7 @@ from nodeagent.config import Config, CustomCheck
 from nodeagent.io.commands import ProcessGroups, run_bounded
 from nodeagent.io.files import printable
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import CustomCheckResult
+from nodeagent.model.status import CustomCheckResult
 from nodeagent.run.work import Deliver
 
 MESSAGE_MAX = 200
@@ -80,6 +80,10 @@ class CustomChecksMonitor(Periodic):
         """New settings: run every check now."""
         self._due.clear()
         super().wake()
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.wake()
 
     def stop(self) -> None:
         """The check running now is killed with its group, here and now: the daemon's

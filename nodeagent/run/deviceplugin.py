@@ -21,7 +21,7 @@ from nodeagent.io.files import (
     write_json_atomic,
 )
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import DevicePluginObservation, ImagePlatforms
+from nodeagent.model.kube import DevicePluginObservation, ImagePlatforms
 from nodeagent.probes.registry import RegistryClient, RegistryError
 from nodeagent.probes.runtime import container_log_lines, stored_image_platforms
 from nodeagent.run.work import Deliver
@@ -157,6 +157,10 @@ class DevicePluginMonitor(Periodic):
         self.remember(obs)
         self.deliver(PluginSeen(obs, frozenset(self.seen_ready)))
         return dp.interval
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.wake()
 
     def pause(self, seconds: float) -> bool:
         woken = super().pause(seconds)

@@ -35,7 +35,7 @@ from nodeagent.kube.peercard import (
     ring_hash,
     ring_label,
 )
-from nodeagent.model import CardRail, PeerCard, PeerRef
+from nodeagent.model.peers import CardRail, PeerCard, PeerRef
 
 log = logging.getLogger(__name__)
 

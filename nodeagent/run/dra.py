@@ -12,7 +12,7 @@ from nodeagent.config import Config
 from nodeagent.io.files import printable
 from nodeagent.io.periodic import Periodic
 from nodeagent.kube.slices import node_devices
-from nodeagent.model import SlicesObservation
+from nodeagent.model.kube import SlicesObservation
 from nodeagent.run.work import Deliver
 
 PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -63,6 +63,10 @@ class SlicesMonitor(Periodic):
         if not self.halted:
             self.deliver(SlicesSeen(seen))
         return dra.interval
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.wake()
 
 
 def api_lister(cfg: Config) -> ListSlices:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.checks.conditions import judge_pass
-from nodeagent.checks.facts import Facts, PeersSeen
+from nodeagent.checks.facts import CountersSeen, Facts, FingerprintSeen, PeersSeen, PortsSeen
 from nodeagent.checks.gid import (
     GidVerdict,
     gid_finding,
@@ -31,18 +31,11 @@ from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.files import descriptor_faults
 from nodeagent.io.systemd import RAIL
-from nodeagent.model import (
-    GID_AFFECTING,
-    ROCE_NETWORK_READY,
-    Deletion,
-    GidTable,
-    Pin,
-    PortHealth,
-    RailEndpoint,
-    RailStatus,
-    Report,
-    Targets,
-)
+from nodeagent.model.conditions import ROCE_NETWORK_READY
+from nodeagent.model.network import GID_AFFECTING, Deletion
+from nodeagent.model.peers import RailEndpoint, Targets
+from nodeagent.model.rdma import GidTable, Pin, PortHealth
+from nodeagent.model.status import RailStatus, Report
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
@@ -471,8 +464,7 @@ class Evaluator:
                 errors.append(f"{self.rails[name].label}: port {got.describe()}")
             else:
                 ports[name] = got
-        self.store.ports = ports
-        self.store.error_rates.observe(self.clock(), hw.error_window, ports)
+        self.store.deliver(PortsSeen(ports, self.clock(), hw.error_window))
         self.timings["ports"] = time.perf_counter() - started
 
     def facts(self) -> Facts:
@@ -486,8 +478,7 @@ class Evaluator:
             rail_seen=dict(store.rail_seen),
             observations={n: o for n, o in store.observations.items() if n in self.rails},
             pins=dict(self.pins),
-            counters=dict(store.counters), traffic=store.traffic, ports=dict(store.ports),
-            error_rates=store.error_rates, labels=dict(store.labels), seen=dict(store.seen))
+            seen=dict(store.seen))
 
     def judge(self, repairs: Repairs | None = None, unreadable: Iterable[str] = ()) -> Report:
         """The report from the latest observations, reading nothing; the GID verdict is
@@ -572,8 +563,9 @@ class Evaluator:
         """The hardware labels. Hardware does not change between an event and its repair:
         read at most once per resync interval, or when the rails' devices change. A read
         that does not return keeps the labels already known."""
-        devices = tuple(sorted({c.rdma_device for c in self.store.counters.values()
-                                if c.rdma_device}))
+        counted = self.store.get(CountersSeen)
+        devices = tuple(sorted({c.rdma_device for c in (counted.counters.values() if counted
+                                                        else ()) if c.rdma_device}))
         now = self.clock()
         if devices != self.due.labels_key or now >= self.due.labels_at:
             netdevs = [r.interface for r in self.cfg.rails]
@@ -582,7 +574,7 @@ class Evaluator:
             if isinstance(seen, Stuck):
                 errors.append(seen.describe())
                 return
-            self.store.labels = fingerprint_labels(seen)
+            self.store.deliver(FingerprintSeen(fingerprint_labels(seen)))
             self.due.labels_key, self.due.labels_at = devices, now + self.cfg.resync_interval
 
     def _sample_counters(self, errors: list[str]) -> None:
@@ -595,14 +587,13 @@ class Evaluator:
             device, port = self._rail_port(rail)
             calls[f"counters:{rail.name}"] = functools.partial(
                 read_rail_counters, cfg.paths.sysfs, rail.interface, device, port)
+        counters = {}
         for rail, got in zip(cfg.rails, self.reads.run(calls).values(), strict=True):
             if isinstance(got, Stuck):
                 errors.append(f"{rail.label}: counters {got.describe()}")
-                store.counters.pop(rail.name, None)
             else:
                 total, largest = store.own_rdma.so_far(rail.name)
-                store.counters[rail.name] = replace(got, own_rdma=total,
-                                                    own_rdma_largest=largest)
+                counters[rail.name] = replace(got, own_rdma=total, own_rdma_largest=largest)
         self.timings["counters"] = time.perf_counter() - started
-        if cfg.fabric_traffic is not None:
-            store.traffic.observe(self.clock(), cfg.fabric_traffic.window, store.counters)
+        window = cfg.fabric_traffic.window if cfg.fabric_traffic is not None else None
+        store.deliver(CountersSeen(counters, self.clock(), window))

@@ -13,7 +13,7 @@ from nodeagent.checks.lustre import mount_problems
 from nodeagent.config import Config
 from nodeagent.io.commands import BoundedRunner
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import LustreObservation
+from nodeagent.model.lustre import LustreObservation
 from nodeagent.probes.lustre import observe_lustre
 from nodeagent.remedies.lustre import remount
 from nodeagent.run.work import Deliver
@@ -62,3 +62,6 @@ class LustreMonitor(Periodic):
 
     def after_failure(self) -> float:
         return self.cfg.lustre_interval
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg  # the next turn, at the old interval: a remount is not hurried

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from nodeagent.model import RDMAVolume
+from nodeagent.model.rdma import RDMAVolume
 
 
 class OwnRDMA:

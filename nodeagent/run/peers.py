@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from ipaddress import IPv4Network
 
 from nodeagent.checks.facts import PeersSeen
 from nodeagent.checks.peers import QUIET_DELIVERY, static_peers
 from nodeagent.config import MAX_PEERS, Config, Peers
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import PeerOutcome, PeerProbe, PeerRef, RailEndpoint, Targets
+from nodeagent.model.peers import PeerOutcome, PeerProbe, PeerRef, RailEndpoint, Targets
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.probes.transport import ProbeFailed
 from nodeagent.run.discovery import Discovered, PeerDiscovery
@@ -69,6 +70,15 @@ def served_rails(cfg: Config, listing: Listing, targets: Targets) -> dict[str, S
     return out
 
 
+@dataclass
+class _Track:
+    """One listed peer on one rail, as the prober follows it."""
+
+    last: PeerOutcome | None = None  # the last probe's outcome
+    failing: int = 0  # failed probes in a row
+    probed: int = -1  # probes so far, less one (every bandwidth_every-th reads bandwidth)
+
+
 class PeerProber(Periodic):
     """One round: every ready rail's peers probed in turn, delivered together."""
 
@@ -83,9 +93,7 @@ class PeerProber(Periodic):
         self._ends: dict[str, RailEnd] = {}
         # Rounds not handed over yet (quiet ones are batched), and the last outcomes.
         self._pending: dict[str, list[PeerProbe]] = {}
-        self._last: dict[tuple[str, str], PeerOutcome] = {}
-        self._failing: dict[tuple[str, str], int] = {}  # failed probes in a row
-        self._probed: dict[tuple[str, str], int] = {}  # probes so far (the bandwidth sample)
+        self._tracks: dict[tuple[str, str], _Track] = {}  # (rail, address): listed peers'
         self._delivered_at = 0.0
         # Each rail's peers (static, then discovered), set by the service; None until
         # discovery has run once (static peers alone: from the start).
@@ -101,6 +109,8 @@ class PeerProber(Periodic):
         if peers is None or targets is None or listing is None:
             return 0.5
         self._close_ends(keep={r: t for r, t in targets.ready.items() if listing.get(r)})
+        listed = {(rail, p.address) for rail, refs in listing.items() for p in refs}
+        self._tracks = {k: t for k, t in self._tracks.items() if k in listed}
         probes: dict[str, tuple[PeerProbe, ...]] = {}
         for rail, target in targets.ready.items():
             if self.halted or not listing.get(rail):
@@ -127,12 +137,11 @@ class PeerProber(Periodic):
         for rail, got in probes.items():
             self._pending.setdefault(rail, []).extend(got)
             for p in got:
-                key = (rail, p.address)
-                before = self._last.get(key)
-                run = self._failing.get(key, 0) + 1 if p.outcome != PeerOutcome.OK else 0
+                track = self._tracks.setdefault((rail, p.address), _Track())
+                run = track.failing + 1 if p.outcome != PeerOutcome.OK else 0
                 # Each failure until the verdict counts; a verdict that stands is quiet.
-                news |= p.outcome != before or 0 < run <= failures
-                self._last[key], self._failing[key] = p.outcome, run
+                news |= p.outcome != track.last or 0 < run <= failures
+                track.last, track.failing = p.outcome, run
         now = time.monotonic()
         if not news and now - self._delivered_at < QUIET_DELIVERY:
             return
@@ -160,11 +169,11 @@ class PeerProber(Periodic):
         for p in listed:
             if halted():
                 break
-            count = self._probed[(rail, p.address)] = self._probed.get((rail, p.address),
-                                                                          -1) + 1
+            track = self._tracks.setdefault((rail, p.address), _Track())
+            track.probed += 1
             every = peers.bandwidth_every
             got = probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
-                             peers.timeout, bandwidth=bool(every) and count % every == 0)
+                             peers.timeout, bandwidth=bool(every) and track.probed % every == 0)
             self.own_rdma.charge(rail, got.moved)
             out.append(got)
         return out

@@ -8,7 +8,8 @@ from typing import Any
 
 from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.config import Config
-from nodeagent.model import EventKind, KernelEvent, LinkState, RailObservation, RailTimeline
+from nodeagent.model.network import EventKind, KernelEvent, LinkState, RailObservation
+from nodeagent.model.status import RailTimeline
 
 
 class RailIndex:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import selectors
 import socket
 import threading
 import time
@@ -34,7 +33,8 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model import RailEndpoint
+from nodeagent.io.wakeable import WakeableSelector
+from nodeagent.model.peers import RailEndpoint
 from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes, probe_volume
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
@@ -118,16 +118,11 @@ class Responder(threading.Thread):
         self.own_rdma = own_rdma or OwnRDMA()
         self.plan = plan
         self.counts = ResponderCounts()
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sel = WakeableSelector()
         self._lock = threading.Lock()
         self._wanted: dict[str, Served] = {}
         self._rails: dict[str, _Rail] = {}
         self._conns: dict[socket.socket, _Conn] = {}
-        self._halt = threading.Event()
         self.errors: dict[str, str] = {}  # rail -> why it is not listening (bind failed)
         self._warned: dict[str, tuple[float, int]] = {}  # rail -> (last warning, held back)
 
@@ -137,15 +132,10 @@ class Responder(threading.Thread):
         """The rails to answer on from now; the rest are closed."""
         with self._lock:
             self._wanted = dict(rails)
-        self._poke()
+        self._sel.poke()
 
     def stop(self) -> None:
-        self._halt.set()
-        self._poke()
-
-    def _poke(self) -> None:
-        with contextlib.suppress(OSError):  # the pipe is full: a wake is pending anyway
-            self._wake_w.send(b"x")
+        self._sel.halt()
 
     def not_listening(self) -> dict[str, str]:
         """Rail -> why the responder could not listen there (the status file says it)."""
@@ -165,31 +155,20 @@ class Responder(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self._halt.is_set():
+            while not self._sel.halted:
                 self._reconcile()
                 now = time.monotonic()
                 timeout = min([c.deadline for c in self._conns.values()] + [now + 1.0]) - now
-                for key, _mask in self._sel.select(max(0.0, timeout)):
-                    if key.fileobj is self._wake_r:
-                        self._drain_wake()
-                    elif isinstance(key.data, str):
-                        self._accept(key.data)
+                for data in self._sel.ready(timeout):
+                    if isinstance(data, str):
+                        self._accept(data)
                     else:
-                        self._readable(key.data)
+                        self._readable(data)
                 self._expire(time.monotonic())
         finally:
             for name in list(self._rails):
                 self._close_rail(name)
             self._sel.close()
-            self._wake_r.close()
-            self._wake_w.close()
-
-    def _drain_wake(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except BlockingIOError:
-            pass
 
     def _reconcile(self) -> None:
         with self._lock:
@@ -222,7 +201,7 @@ class Responder(threading.Thread):
         with self._lock:
             self.errors.pop(name, None)
             self._rails[name] = _Rail(served, sock)
-        self._sel.register(sock, selectors.EVENT_READ, name)
+        self._sel.register(sock, name)
 
     def _close_rail(self, name: str) -> None:
         for conn in [c for c in self._conns.values() if c.rail == name]:
@@ -256,7 +235,7 @@ class Responder(threading.Thread):
             conn = _Conn(sock, name, peer, time.monotonic() + HANDSHAKE,
                          listed=peer in rail.served.peers)
             self._conns[sock] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._sel.register(sock, conn)
 
     def _refusal(self, rail: _Rail, peer: str) -> Refusal | None:
         if not rail.served.answers(peer):

@@ -9,7 +9,9 @@ once, into the same observations, for the CLI's check and apply.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from nodeagent.checks.facts import (
     CustomChecksSeen,
@@ -35,10 +37,8 @@ from nodeagent.run.work import (
 
 if TYPE_CHECKING:  # imported when configured: a local-only agent loads no client library
     from nodeagent.kube.watch import WatchedCollection
+    from nodeagent.model.peers import Targets
     from nodeagent.publish.metrics import AgentMetrics
-    from nodeagent.run.deviceplugin import DevicePluginMonitor
-    from nodeagent.run.dra import SlicesMonitor
-    from nodeagent.run.peers import PeerService
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,73 @@ def look_once(cfg: Config, repair: bool) -> tuple[list[Delivered], list[str]]:
     return seen, errors
 
 
+class SectionSource(Source, Protocol):
+    """A source that runs while its config section is there; a reload hands it the new
+    config (new settings take effect now, not at the next interval)."""
+
+    def reconfigure(self, cfg: Config) -> None: ...
+
+
+@runtime_checkable
+class TakesAim(Protocol):
+    """A source that probes the rails' endpoints the last pass found."""
+
+    def retarget(self, targets: Targets) -> None: ...
+
+
+def _lustre(sources: Sources, cfg: Config) -> SectionSource:
+    return LustreMonitor(cfg, sources.deliver)
+
+
+def _plugin(sources: Sources, cfg: Config) -> SectionSource:
+    from nodeagent.run.deviceplugin import DevicePluginMonitor, plugin_reader
+
+    # The publisher's watch of this Node serves the plugin's reader too.
+    return DevicePluginMonitor(
+        cfg, lambda wake: plugin_reader(cfg, on_change=wake, node_watch=sources.node_watch),
+        sources.deliver)
+
+
+def _custom(sources: Sources, cfg: Config) -> SectionSource:
+    return CustomChecksMonitor(cfg, sources.deliver)
+
+
+def _transport(sources: Sources, cfg: Config) -> SectionSource:
+    return TransportMonitor(cfg, sources.deliver, sources.own_rdma)
+
+
+def _dra(sources: Sources, cfg: Config) -> SectionSource:
+    from nodeagent.run.dra import SlicesMonitor
+
+    return SlicesMonitor(cfg, sources.deliver)
+
+
+def _peers(sources: Sources, cfg: Config) -> SectionSource:
+    from nodeagent.run.peers import PeerService
+
+    return PeerService(cfg, sources.deliver, sources.own_rdma)
+
+
+@dataclass(frozen=True)
+class Section:
+    wanted: Callable[[Config], bool]
+    make: Callable[[Sources, Config], SectionSource]
+
+
+# In the order they start (and stop). A section here is all a new source needs.
+SECTIONS: dict[str, Section] = {
+    "lustre": Section(lambda c: bool(c.lustre), _lustre),
+    "device_plugin": Section(
+        lambda c: c.kubernetes is not None and c.device_plugin is not None, _plugin),
+    "custom_checks": Section(lambda c: c.custom_checks is not None, _custom),
+    "transport": Section(lambda c: c.transport is not None, _transport),
+    "dra": Section(lambda c: c.dra is not None and c.kubernetes is not None, _dra),
+    "peers": Section(lambda c: c.peers is not None, _peers),
+}
+
+S = TypeVar("S")
+
+
 class Sources:
     def __init__(self, deliver: Deliver, own_rdma: OwnRDMA | None = None) -> None:
         self.deliver = deliver
@@ -79,23 +146,21 @@ class Sources:
         self.netlink: NetlinkMonitor | None = None
         self.gid_watcher: GidSlotWatcher | None = None
         self.publisher: Publisher | None = None
-        self.lustre: LustreMonitor | None = None
-        self.plugin: DevicePluginMonitor | None = None
-        self.custom: CustomChecksMonitor | None = None
-        self.transport: TransportMonitor | None = None
-        self.peers: PeerService | None = None
-        self.dra: SlicesMonitor | None = None
         self.metrics: AgentMetrics | None = None
         self._metrics_server: Any = None
+        self._sections: dict[str, SectionSource] = {}  # running, by section name
+
+    def get(self, kind: type[S]) -> S | None:
+        """The running source of this type, if its section is configured."""
+        return next((s for s in self._sections.values() if isinstance(s, kind)), None)
 
     def aim(self, aim: Aim) -> None:
         """After each pass: each running source gets what it is to look at next."""
         if self.gid_watcher is not None:
             self.gid_watcher.retarget(aim.gid_slots)
-        if self.transport is not None:
-            self.transport.retarget(aim.rails)
-        if self.peers is not None:
-            self.peers.retarget(aim.rails)
+        for source in self._sections.values():
+            if isinstance(source, TakesAim):
+                source.retarget(aim.rails)
 
     def _start(self, source: Source) -> None:
         self.started.append(source)
@@ -123,77 +188,29 @@ class Sources:
 
     def start_missing(self, cfg: Config) -> None:
         """Each source whose section is configured and that does not run yet."""
-        if cfg.lustre and self.lustre is None:
-            self.lustre = LustreMonitor(cfg, self.deliver)
-            self._start(self.lustre)
-        if cfg.kubernetes is not None and cfg.device_plugin is not None and self.plugin is None:
-            from nodeagent.run.deviceplugin import DevicePluginMonitor, plugin_reader
-
-            # The publisher's watch of this Node serves the plugin's reader too.
-            self.plugin = DevicePluginMonitor(
-                cfg, lambda wake: plugin_reader(cfg, on_change=wake,
-                                                node_watch=self._node_watch), self.deliver)
-            self._start(self.plugin)
-        if cfg.custom_checks is not None and self.custom is None:
-            self.custom = CustomChecksMonitor(cfg, self.deliver)
-            self._start(self.custom)
-        if cfg.transport is not None and self.transport is None:
-            self.transport = TransportMonitor(cfg, self.deliver, self.own_rdma)
-            self._start(self.transport)
-        if cfg.dra is not None and cfg.kubernetes is not None and self.dra is None:
-            from nodeagent.run.dra import SlicesMonitor
-
-            self.dra = SlicesMonitor(cfg, self.deliver)
-            self._start(self.dra)
-        if cfg.peers is not None and self.peers is None:
-            from nodeagent.run.peers import PeerService
-
-            self.peers = PeerService(cfg, self.deliver, self.own_rdma)
-            self._start(self.peers)
+        for name, section in SECTIONS.items():
+            if section.wanted(cfg) and name not in self._sections:
+                self._sections[name] = source = section.make(self, cfg)
+                self._start(source)
         if cfg.rails and self.gid_watcher is None:
             self.gid_watcher = GidSlotWatcher(cfg.paths.sysfs, self.deliver)
             self._start(self.gid_watcher)
 
-    def _node_watch(self) -> WatchedCollection | None:
+    def node_watch(self) -> WatchedCollection | None:
         return self.publisher.node_watch if self.publisher is not None else None
 
     def reconfigure(self, cfg: Config) -> None:
-        """A reload's config to the running sources (new settings take effect now, not
-        at the next interval); a source whose section the reload removed is stopped (before,
-        a reload without `peers` left the responder answering the old peers)."""
-        self._stop_removed(cfg)
-        if self.lustre is not None:
-            self.lustre.cfg = cfg
-        if self.plugin is not None:
-            self.plugin.cfg = cfg
-            self.plugin.wake()
-        if self.custom is not None:
-            self.custom.cfg = cfg
-            self.custom.wake()
-        if self.transport is not None:
-            self.transport.cfg = cfg
-        if self.dra is not None:
-            self.dra.cfg = cfg
-            self.dra.wake()
-        if self.peers is not None:
-            self.peers.reconfigure(cfg)
-
-    def _stop_removed(self, cfg: Config) -> None:
-        removed = {
-            "lustre": not cfg.lustre,
-            "plugin": cfg.kubernetes is None or cfg.device_plugin is None,
-            "custom": cfg.custom_checks is None,
-            "transport": cfg.transport is None,
-            "peers": cfg.peers is None,
-            "dra": cfg.dra is None or cfg.kubernetes is None,
-        }
-        for name, gone in removed.items():
-            source = getattr(self, name)
-            if gone and source is not None:
-                source.stop()
-                self.started.remove(source)
-                setattr(self, name, None)
-                log.info("reload: %s stopped (its section is gone)", name)
+        """A reload's config to the running sources; a source whose section the reload
+        removed is stopped (before, a reload without `peers` left the responder answering
+        the old peers)."""
+        for name, source in list(self._sections.items()):
+            if SECTIONS[name].wanted(cfg):
+                source.reconfigure(cfg)
+                continue
+            source.stop()
+            self.started.remove(source)
+            del self._sections[name]
+            log.info("reload: %s stopped (its section is gone)", name)
 
     def _start_metrics(self, cfg: Config) -> None:
         if cfg.metrics is None:

@@ -16,20 +16,12 @@ from dataclasses import dataclass, field
 
 from nodeagent.checks.facts import D, Delivered, latest
 from nodeagent.checks.gid import GidVerdict
-from nodeagent.checks.port_health import ErrorRates
-from nodeagent.checks.traffic import TrafficTracker
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads
 from nodeagent.io.files import describe_error
-from nodeagent.model import (
-    Finding,
-    GidTable,
-    Pin,
-    PortHealth,
-    QueuePairs,
-    RailCounters,
-    RailObservation,
-)
+from nodeagent.model.conditions import Finding
+from nodeagent.model.network import RailObservation
+from nodeagent.model.rdma import GidTable, Pin, QueuePairs
 from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.rails import RailHistory
 from nodeagent.state import load_lent, load_pins, save_lent, save_pins
@@ -84,13 +76,8 @@ class FactStore:
     # table rewritten, an address away) the rail's slots stay watched and its device read.
     rail_seen: dict[str, tuple[str, int]] = field(default_factory=dict)
     qps: QueuePairs | None = None  # looked at only while a GID is shifted
-    counters: dict[str, RailCounters] = field(default_factory=dict)
-    traffic: TrafficTracker = field(default_factory=TrafficTracker)  # kernel vs RDMA bytes
     own_rdma: OwnRDMA = field(default_factory=OwnRDMA)  # the probes' share, charged by them
     lent: LentRails = field(default_factory=LentRails)  # rails lent to a pod, and since when
-    ports: dict[str, PortHealth] = field(default_factory=dict)  # with a hardware section
-    error_rates: ErrorRates = field(default_factory=ErrorRates)
-    labels: dict[str, str] = field(default_factory=dict)  # the hardware fingerprint
     # What the sources delivered: the latest of each kind (checks/facts.py, Delivered).
     seen: dict[type[Delivered], Delivered] = field(default_factory=dict)
     # The daemon's rail history (flaps, the repair guard, repair counts); None for a
@@ -105,7 +92,7 @@ class FactStore:
         now, before = list(rails), list(before)
         same = {r.name for r in before if r in now}
         changed = {r.name for r in (*before, *now)} - same
-        for facts in (self.observations, self.rail_seen, self.counters, self.ports, self.lent):
+        for facts in (self.observations, self.rail_seen, self.lent):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
         self.seen = {kind: item.without_rails(changed) for kind, item in self.seen.items()}

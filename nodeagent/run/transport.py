@@ -15,7 +15,7 @@ from dataclasses import replace
 from nodeagent.checks.facts import TransportSeen
 from nodeagent.config import Config, Transport
 from nodeagent.io.periodic import Periodic
-from nodeagent.model import Targets, TransportResult
+from nodeagent.model.peers import Targets, TransportResult
 from nodeagent.probes.transport import probe_rail
 from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.work import Deliver
@@ -48,6 +48,9 @@ class TransportMonitor(Periodic):
 
     def retarget(self, targets: Targets) -> None:
         self.targets = targets
+
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg  # the next probe, after the loop's next aim
 
     def turn(self) -> float:
         tr, targets = self.cfg.transport, self.targets

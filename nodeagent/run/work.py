@@ -21,7 +21,8 @@ from nodeagent.checks.facts import Delivered
 
 if TYPE_CHECKING:
     from nodeagent.config import Config
-    from nodeagent.model import KernelEvent, Targets
+    from nodeagent.model.network import KernelEvent
+    from nodeagent.model.peers import Targets
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 
 from nodeagent.checks.conditions import CONDITION_TYPES, CONDITIONS
 from nodeagent.cli.main import main
-from nodeagent.model import FABRIC_READY
+from nodeagent.model.conditions import FABRIC_READY
 from tests.kit.apiserver import ApiServer, build_kubectl, node_json
 from tests.kit.helpers import LoopbackBridge, Netns, free_port, stop_daemon, wait_for, write_config
 

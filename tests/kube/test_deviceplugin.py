@@ -21,7 +21,7 @@ from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.config import Config, parse_config
 from nodeagent.kube.api import Counters
 from nodeagent.kube.watch import WatchedCollection
-from nodeagent.model import Finding
+from nodeagent.model.conditions import Finding
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.run.deviceplugin import plugin_reader
 from tests.kit.apiserver import ApiServer, node_json

@@ -19,17 +19,9 @@ from nodeagent.cli.main import main
 from nodeagent.config import Kubernetes
 from nodeagent.kube.api import Counters, call
 from nodeagent.kube.peercard import CARD, MESH, card_annotation, card_labels, parse_card
-from nodeagent.model import (
-    CardRail,
-    Finding,
-    PeerCard,
-    PeerOutcome,
-    PeerProbe,
-    PeerStats,
-    RailStatus,
-    Report,
-    Status,
-)
+from nodeagent.model.conditions import Finding
+from nodeagent.model.peers import CardRail, PeerCard, PeerOutcome, PeerProbe, PeerStats
+from nodeagent.model.status import RailStatus, Report, Status
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from nodeagent.run.discovery import discover, lease_lister

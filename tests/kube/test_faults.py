@@ -11,7 +11,7 @@ from test_publisher import BOOT, KEY, kcfg, our_taint, report
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.config import parse_config
-from nodeagent.model import Report, Status
+from nodeagent.model.status import Report, Status
 from nodeagent.probes.kube import KubeReader, WatchingReader
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher

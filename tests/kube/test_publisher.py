@@ -16,13 +16,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.config import Kubernetes
-from nodeagent.model import (
-    FABRIC_READY,
-    ROCE_NETWORK_READY,
-    Finding,
-    Report,
-    Status,
-)
+from nodeagent.model.conditions import FABRIC_READY, ROCE_NETWORK_READY, Finding
+from nodeagent.model.status import Report, Status
 from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from tests.kit.apiserver import ApiServer, node_json

@@ -402,7 +402,8 @@ def test_preflight_passes_with_the_device_the_plugin_hands_and_the_trainer_runs(
     DeviceSpec through containerd and runc), the node's agent says FabricReady=True with a
     rail on rxe0 pinned at index 3, and the NCCL settings name that device and index. The
     preflight opens the device and exits 0, and the trainer runs to completion."""
-    from nodeagent.model import FABRIC_READY, Finding, Report
+    from nodeagent.model.conditions import FABRIC_READY, Finding
+    from nodeagent.model.status import Report
 
     server, plane = cluster
     core = k8s.CoreV1Api(server.client("admin"))
@@ -460,7 +461,8 @@ def test_preflight_refuses_a_job_whose_nccl_settings_use_one_of_two_rails(
     the job's NCCL_IB_HCA=rxe0 selects one of them, which NCCL would run on at half the
     bandwidth without an error. The init container exits 1 with the line (Init:Error, the
     trainer never starts); the same pod with --allow-partial-rails passes."""
-    from nodeagent.model import FABRIC_READY, Finding, Report
+    from nodeagent.model.conditions import FABRIC_READY, Finding
+    from nodeagent.model.status import Report
 
     server, plane = cluster
     core = k8s.CoreV1Api(server.client("admin"))
@@ -533,7 +535,8 @@ def test_preflight_in_an_init_container_keeps_the_trainer_from_starting(
     read-only) and an NCCL variable that forces sockets. It exits 1, the termination
     message names each with its fix, the trainer never starts, and the Job fails whole
     (backoffLimit 0: the real job controller sees the pod fail)."""
-    from nodeagent.model import FABRIC_READY, Finding, Report
+    from nodeagent.model.conditions import FABRIC_READY, Finding
+    from nodeagent.model.status import Report
 
     server, plane = cluster
     core = k8s.CoreV1Api(server.client("admin"))
@@ -610,7 +613,8 @@ def test_kueue_evicts_and_requeues_a_gang_whose_preflight_fails_never_half_runni
     (restartPolicy OnFailure), so no pod ever becomes Ready and no trainer ever starts.
     Kueue evicts the whole gang (PodsReadyTimeout), its pods are deleted, it is requeued and
     admitted again once, then deactivated (requeuing limit 1): never half-running."""
-    from nodeagent.model import FABRIC_READY, Finding, Report
+    from nodeagent.model.conditions import FABRIC_READY, Finding
+    from nodeagent.model.status import Report
 
     server, plane = cluster
     gang = Gang(server, "gated")

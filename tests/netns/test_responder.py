@@ -21,7 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from nodeagent.model import RailEndpoint, RDMAVolume
+from nodeagent.model.peers import RailEndpoint
+from nodeagent.model.rdma import RDMAVolume
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
     Hello,
@@ -271,7 +272,7 @@ def test_a_reload_moves_the_responder_to_the_new_port_and_peers(
     rounds fail here at this node's device, delivered as such.)"""
     from nodeagent.checks.facts import PeersSeen
     from nodeagent.config import parse_config
-    from nodeagent.model import PeerOutcome, Targets
+    from nodeagent.model.peers import PeerOutcome, Targets
     from nodeagent.run.peers import PeerService
 
     node, peers = wire

@@ -20,7 +20,7 @@ import pytest
 from nodeagent import __version__
 from nodeagent.checks.deviceplugin import image_facts, node_platform
 from nodeagent.kube.objects import parse_node
-from nodeagent.model import Platform
+from nodeagent.model.kube import Platform
 from nodeagent.probes.registry import RegistryClient
 from tests.kit.helpers import build_cache
 from tests.kit.registry_env import Registry

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from nodeagent.model import Platform
+from nodeagent.model.kube import Platform
 from nodeagent.probes.registry import RegistryClient
 from tests.kit.pki import make_ca, pem_cert, pem_key, serving_cert
 from tests.kit.registry_env import OCI_INDEX, OCI_MANIFEST, Registry, TLSServer, reply

@@ -10,10 +10,10 @@ from nodeagent.checks.history import FlapTracker, RepairGuard
 from nodeagent.checks.lustre import lustre_finding
 from nodeagent.checks.network import network_finding, rail_drift
 from nodeagent.config import Config, parse_config
-from nodeagent.model import (
+from nodeagent.model.conditions import Finding
+from nodeagent.model.network import (
     AddressInfo,
     DriftKind,
-    Finding,
     LinkState,
     RailObservation,
     RouteInfo,
@@ -245,7 +245,7 @@ def test_deletion_drift_names_only_what_the_rail_owns() -> None:
     or rule is drift; anything else (another address, another table) is not."""
     from nodeagent.checks.network import deletion_drift
     from nodeagent.config import parse_config
-    from nodeagent.model import AddressInfo, Deletion, DriftKind, RouteInfo, RuleInfo
+    from nodeagent.model.network import AddressInfo, Deletion, DriftKind, RouteInfo, RuleInfo
 
     cfg = parse_config({"rails": [{"name": "rail0", "interface": "r0",
                                    "address": "10.10.0.5/24", "table": 100,

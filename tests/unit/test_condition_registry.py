@@ -16,7 +16,7 @@ from nodeagent.checks.facts import Facts
 from nodeagent.cli.deploy import render
 from nodeagent.cli.fleet import COLUMNS, render_table
 from nodeagent.config import Config, parse_config
-from nodeagent.model import FABRIC_READY, ConditionType, Finding
+from nodeagent.model.conditions import FABRIC_READY, ConditionType, Finding
 
 ROOT = Path(__file__).resolve().parents[2]
 

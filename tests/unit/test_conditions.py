@@ -12,7 +12,8 @@ from nodeagent.checks.conditions import CONDITIONS, judge_all, judge_pass
 from nodeagent.checks.facts import Facts, TransportSeen
 from nodeagent.checks.gid import gid_finding
 from nodeagent.config import parse_config
-from nodeagent.model import FABRIC_READY, Pin, Problem, Problems
+from nodeagent.model.conditions import FABRIC_READY, Problem, Problems
+from nodeagent.model.rdma import Pin
 from nodeagent.probes.gid import read_sysfs
 from nodeagent.run.store import FactStore
 from tests.kit.helpers import make_gid_tree, roce_entries

@@ -14,7 +14,7 @@ import pytest
 
 from nodeagent.checks.custom import custom_finding
 from nodeagent.config import ConfigError, parse_config
-from nodeagent.model import CustomCheckResult
+from nodeagent.model.status import CustomCheckResult
 from nodeagent.run.custom import run_all, run_check
 
 

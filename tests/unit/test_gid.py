@@ -11,7 +11,8 @@ import pytest
 
 from nodeagent.checks.gid import gid_finding
 from nodeagent.config import parse_config
-from nodeagent.model import DriftKind, GidEntry, GidShift, GidTable, GidType, Pin
+from nodeagent.model.network import DriftKind
+from nodeagent.model.rdma import GidEntry, GidShift, GidTable, GidType, Pin
 from nodeagent.probes.gid import (
     entry_from_pyverbs,
     gid_type_from_entry,

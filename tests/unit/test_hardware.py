@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nodeagent.checks.hardware import fingerprint_labels, label_value
-from nodeagent.model import BOARD_ID, DRIVER, FW_VERSION, HCA_TYPE
+from nodeagent.model.kube import BOARD_ID, DRIVER, FW_VERSION, HCA_TYPE
 from nodeagent.probes.hardware import read_fingerprint
 from nodeagent.publish.node import label_patch
 

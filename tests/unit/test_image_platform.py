@@ -16,7 +16,7 @@ from nodeagent.checks.deviceplugin import (
 )
 from nodeagent.config import parse_config
 from nodeagent.kube.objects import parse_node, plugin_observation
-from nodeagent.model import DevicePluginObservation, ImagePlatforms, Platform
+from nodeagent.model.kube import DevicePluginObservation, ImagePlatforms, Platform
 from nodeagent.probes.registry import ImageRef, RegistryError, load_credentials, parse_image
 
 HUB = "registry-1.docker.io"

@@ -30,17 +30,9 @@ from nodeagent.checks.nccl import (
     with_conf_files,
 )
 from nodeagent.config import Config, parse_config
-from nodeagent.model import (
-    FABRIC_READY,
-    NCCL_DEFAULT_GID_PINNED,
-    GidEntry,
-    GidSlot,
-    GidTable,
-    GidType,
-    NodeRail,
-    Pin,
-    PortView,
-)
+from nodeagent.model.conditions import FABRIC_READY, NCCL_DEFAULT_GID_PINNED
+from nodeagent.model.jobs import GidSlot, NodeRail, PortView
+from nodeagent.model.rdma import GidEntry, GidTable, GidType, Pin
 from nodeagent.probes.container import read_port_views
 from nodeagent.probes.gid import read_sysfs
 from tests.kit.helpers import make_gid_tree, make_port_tree, roce_entries

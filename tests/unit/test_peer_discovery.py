@@ -31,9 +31,8 @@ from nodeagent.kube.peercard import (
     parse_card,
     parse_mesh,
 )
-from nodeagent.model import (
-    FABRIC_READY,
-    RDMA_PEERS_REACHABLE,
+from nodeagent.model.conditions import FABRIC_READY, RDMA_PEERS_REACHABLE
+from nodeagent.model.peers import (
     CardRail,
     MeshVerdict,
     PeerCard,
@@ -42,9 +41,9 @@ from nodeagent.model import (
     PeerRef,
     PeerStats,
     RailEndpoint,
-    RailStatus,
     Targets,
 )
+from nodeagent.model.status import RailStatus
 from nodeagent.run.discovery import Discovered, choose, discover, own_card
 from nodeagent.run.peers import merged_listing, served_rails
 

@@ -25,15 +25,9 @@ from nodeagent.checks.peers import (
 )
 from nodeagent.config import ConfigError, parse_config
 from nodeagent.io.files import one_line
-from nodeagent.model import (
-    FABRIC_READY,
-    RDMA_PEERS_REACHABLE,
-    PeerOutcome,
-    PeerProbe,
-    RailEndpoint,
-    RDMAVolume,
-    Targets,
-)
+from nodeagent.model.conditions import FABRIC_READY, RDMA_PEERS_REACHABLE
+from nodeagent.model.peers import PeerOutcome, PeerProbe, RailEndpoint, Targets
+from nodeagent.model.rdma import RDMAVolume
 from nodeagent.probes.peer import RailEnd, gid_raw, gid_text, ibv_mtu, mtu_bytes, probe_peer
 from nodeagent.probes.peerwire import (
     HELLO_SIZE,
@@ -316,7 +310,7 @@ def test_the_window_keeps_the_latest_probes_and_counts_loss() -> None:
 def test_each_peer_is_in_the_status_and_the_metrics() -> None:
     from prometheus_client import generate_latest
 
-    from nodeagent.model import RailStatus, Report, Status
+    from nodeagent.model.status import RailStatus, Report, Status
     from nodeagent.publish.metrics import AgentMetrics
 
     h = history(HEALTHY, {**HEALTHY, "10.10.0.7": ROCE}, {**HEALTHY, "10.10.0.7": ROCE},
@@ -347,7 +341,7 @@ def test_the_latest_bandwidth_sample_in_the_window_is_reported() -> None:
 
     from prometheus_client import generate_latest
 
-    from nodeagent.model import RailStatus, Report, Status
+    from nodeagent.model.status import RailStatus, Report, Status
     from nodeagent.publish.metrics import AgentMetrics
 
     sampled = [replace(probe("10.10.0.6", OK, at=1), bandwidth_gbps=3.5),
@@ -453,7 +447,7 @@ def test_a_hostile_reply_never_sets_the_qp_up(reply: Accept | Refuse, words: str
 def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import nodeagent.run.peers as run_peers
-    from nodeagent.model import PeerRef
+    from nodeagent.model.peers import PeerRef
 
     asked: list[bool] = []
 

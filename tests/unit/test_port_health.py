@@ -12,7 +12,9 @@ from prometheus_client import generate_latest
 
 from nodeagent.checks.port_health import ErrorRates, hardware_finding
 from nodeagent.config import Config, parse_config
-from nodeagent.model import Finding, PortHealth, RailStatus, Report, Status
+from nodeagent.model.conditions import Finding
+from nodeagent.model.rdma import PortHealth
+from nodeagent.model.status import RailStatus, Report, Status
 from nodeagent.probes.port import parse_link_speed, parse_rate, read_port_health
 from nodeagent.publish.metrics import AgentMetrics
 from tests.kit.helpers import make_port_tree
@@ -64,6 +66,28 @@ def test_port_state_and_physical_link(tmp_path: Path) -> None:
     assert "port DOWN, want ACTIVE" in f.message and "physical link Disabled" in f.message
     make_port_tree(tmp_path, "mlx5_0", phys_state="2: Polling")
     assert judge(tmp_path).reason == "PortPhysicalLinkDown"
+
+
+def test_port_states_are_the_kernels_words(tmp_path: Path) -> None:
+    """Every word the kernel writes (drivers/infiniband/core/sysfs.c: state_name[] and
+    phys_state_to_str()) reads as its member; a word the kernel has no name for
+    ("<unknown>") or one newer than the agent is Unknown, with the word in the message,
+    never a port that passes or fails on a guess."""
+    from nodeagent.model.rdma import PhysState, PortState
+
+    for number, word in enumerate(["NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"]):
+        make_port_tree(tmp_path, "mlx5_0", state=f"{number}: {word}")
+        assert read(tmp_path).state is PortState(word)
+    for number, word in enumerate(["Sleep", "Polling", "Disabled", "PortConfigurationTraining",
+                                   "LinkUp", "LinkErrorRecovery", "Phy Test"], start=1):
+        make_port_tree(tmp_path, "mlx5_0", phys_state=f"{number}: {word}")
+        assert read(tmp_path).phys_state is PhysState(word)
+    make_port_tree(tmp_path, "mlx5_0", state="4: ACTIVE", phys_state="0: <unknown>")
+    port = read(tmp_path)
+    assert port.phys_state is None and port.state is PortState.ACTIVE
+    f = judge(tmp_path)
+    assert (f.status, f.reason) == ("Unknown", "HardwareNotReadable")
+    assert "physical state not readable (phys_state: unknown word '<unknown>')" in f.message
 
 
 def test_rate_below_the_expected(tmp_path: Path) -> None:

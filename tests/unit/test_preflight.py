@@ -20,7 +20,7 @@ import pytest
 from nodeagent.checks.preflight import PreflightFacts, device_problems, judge_preflight
 from nodeagent.cli.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
 from nodeagent.cli.preflight import nccl_environment, peer_names, report, verdict_from_status
-from nodeagent.model import GidSlot, NodeRail, NodeVerdict, PortView, VerbsDevice
+from nodeagent.model.jobs import GidSlot, NodeRail, NodeVerdict, PortView, VerbsDevice
 from nodeagent.probes.container import read_verbs_devices
 from tests.kit.helpers import free_port, wait_for
 
@@ -130,7 +130,7 @@ def test_peers_by_list_or_pattern() -> None:
 def test_the_termination_message_holds_the_lines_bounded(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:
-    from nodeagent.model import Unfit
+    from nodeagent.model.jobs import Unfit
 
     log = tmp_path / "termination-log"
     report([Unfit("env", "NCCL_NET=Socket forces sockets"), Unfit("gang", "x\x1b[31m" * 2000)],

@@ -10,7 +10,7 @@ from nodeagent.checks.deviceplugin import tolerates_taint, toleration_problem
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.objects import parse_daemonset
 from nodeagent.kube.objects import parse_tolerations as T
-from nodeagent.model import Finding
+from nodeagent.model.conditions import Finding
 from nodeagent.publish.node import (
     CORDON_ANNOTATION,
     STARTING,

@@ -66,7 +66,9 @@ def test_a_reload_that_removes_a_section_stops_its_source() -> None:
     peers (and the prober probing), with no reload error. Real threads: the peer service
     (prober and responder) and the transport prober, started from their sections."""
     from nodeagent.config import parse_config
+    from nodeagent.run.peers import PeerService
     from nodeagent.run.sources import Sources
+    from nodeagent.run.transport import TransportMonitor
 
     rails = [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"}]
     full = parse_config({"rails": rails, "transport": {},
@@ -74,15 +76,15 @@ def test_a_reload_that_removes_a_section_stops_its_source() -> None:
                                    "port": 18999}})
     sources = Sources(lambda item: None)
     sources.start_missing(full)
-    peers, transport = sources.peers, sources.transport
+    peers, transport = sources.get(PeerService), sources.get(TransportMonitor)
     assert peers is not None and transport is not None
     threads = [peers.prober, peers.responder, transport]
     wait_for(lambda: all(t.is_alive() for t in threads), 5, "the sources running")
     sources.reconfigure(parse_config({"rails": rails}))
-    assert sources.peers is None and sources.transport is None
+    assert sources.get(PeerService) is None and sources.get(TransportMonitor) is None
     wait_for(lambda: not any(t.is_alive() for t in threads), 10, "the sources stopped")
     assert peers not in sources.started and transport not in sources.started
     sources.reconfigure(full)  # and a reload that brings them back starts them anew
     sources.start_missing(full)
-    assert sources.peers is not None and sources.peers is not peers
+    assert sources.get(PeerService) not in (None, peers)
     sources.stop()

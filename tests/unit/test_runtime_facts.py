@@ -15,7 +15,7 @@ from typing import Any
 from nodeagent.checks.deviceplugin import device_plugin_finding, runtime_facts
 from nodeagent.config import parse_config
 from nodeagent.kube.objects import parse_daemonset, parse_pod, plugin_observation
-from nodeagent.model import DevicePluginObservation, Platform
+from nodeagent.model.kube import DevicePluginObservation, Platform
 from nodeagent.probes.runtime import (
     LOG_TAIL,
     container_log_lines,

@@ -39,7 +39,7 @@ def test_work_taken_during_a_pass_reaches_the_loop_in_order() -> None:
     """take_urgent (between a pass's stages) repairs deletions at once; everything it takes
     off the queue, a stop request included, still reaches the loop, in arrival order."""
     from nodeagent.config import parse_config
-    from nodeagent.model import EventKind, KernelEvent
+    from nodeagent.model.network import EventKind, KernelEvent
     from nodeagent.run.agent import Agent
     from nodeagent.run.work import NetlinkEvent, NodeChanged, StopAsked
 

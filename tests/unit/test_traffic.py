@@ -16,7 +16,7 @@ from nodeagent.checks.traffic import (
 )
 from nodeagent.config import Config, parse_config
 from nodeagent.kube.objects import parse_pod
-from nodeagent.model import RailCounters, RDMAVolume
+from nodeagent.model.rdma import RailCounters, RDMAVolume
 from nodeagent.probes import peer, transport
 from nodeagent.probes.counters import read_rail_counters
 

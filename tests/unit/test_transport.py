@@ -12,7 +12,8 @@ from pyverbs.cq import WC
 
 from nodeagent.checks.transport import STEP_REASONS, transport_finding
 from nodeagent.config import parse_config
-from nodeagent.model import QueuePair, QueuePairs, TransportResult
+from nodeagent.model.peers import TransportResult
+from nodeagent.model.rdma import QueuePair, QueuePairs
 from nodeagent.probes.transport import completion_status, gid_matches, port_state
 
 CFG = parse_config({
@@ -89,7 +90,7 @@ def test_the_agents_own_qps_never_hold_up_a_re_pin() -> None:
 def test_the_latest_probe_is_in_the_status_and_the_metrics() -> None:
     from prometheus_client import generate_latest
 
-    from nodeagent.model import RailStatus, Report, Status
+    from nodeagent.model.status import RailStatus, Report, Status
     from nodeagent.publish.metrics import AgentMetrics
 
     bad = TransportResult("rail1", False, "completion", "retry exceeded error", at=1.0)

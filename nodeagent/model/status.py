@@ -1,0 +1,231 @@
+"""One pass's report and the daemon's status: what the status file, the metrics and the
+Node writer consume."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from nodeagent.model.conditions import FABRIC_READY, Finding
+from nodeagent.model.lustre import LustreProbeStatus
+from nodeagent.model.peers import PeerCard, PeerStats, TransportResult
+from nodeagent.model.rdma import PortHealth, RailCounters
+from nodeagent.model.words import Words
+
+
+@dataclass(frozen=True)
+class CustomCheckResult:
+    """One run of a custom check: ok (exit 0), problem (exit 1) or unknown (exit 2, any
+    other code, a timeout, not runnable), with the first line it printed."""
+
+    name: str
+    verdict: Literal["ok", "problem", "unknown"]
+    message: str
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RailTimeline:
+    """What only time shows of a rail (the daemon's flap trackers and repair guard): its
+    time-based verdict for RoCENetworkReady (LinkFlapping, ManagedElsewhere), if any, and
+    its figures for the status file and the metrics."""
+
+    verdict: tuple[str, str] | None = None  # (reason, message)
+    repairs: Mapping[str, int] = field(default_factory=dict)  # action kind -> count
+    carrier_losses_total: int | None = None
+    carrier_losses_in_window: int | None = None
+
+
+@dataclass(frozen=True)
+class RailStatus:
+    """One rail as the status file, the metrics and `status --json` show it."""
+
+    name: str
+    interface: str
+    carrier: bool | None = None
+    mtu: int | None = None
+    drift: tuple[str, ...] = ()
+    gid_index: int | None = None  # where the rail's IPv4 RoCE v2 GID is now
+    gid_index_pinned: int | None = None
+    # Where the rail's GID is pinned: what a job on the node must use (nodeagent preflight
+    # reads them from the status file).
+    address: str | None = None
+    rdma_device: str | None = None
+    rdma_port: int | None = None
+    # The GID index NCCL with default settings would pick on the rail's port (checks/nccl).
+    nccl_default_gid_index: int | None = None
+    counters: RailCounters | None = None
+    port: PortHealth | None = None  # with a hardware section
+    transport: TransportResult | None = None  # with a transport section: the latest probe
+    peers: tuple[PeerStats, ...] | None = None  # with a peers section: each peer's probes
+    # The daemon's own history of the rail (absent from check/apply):
+    carrier_losses_total: int | None = None
+    carrier_losses_in_window: int | None = None
+    repairs_total: Mapping[str, int] | None = None  # drift kind -> repairs since start
+    # Seconds since its netdev moved to another network namespace (lent to a pod): while
+    # lent, the rail is not checked, probed or repaired.
+    lent_seconds: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name, "interface": self.interface, "carrier": self.carrier,
+            "mtu": self.mtu, "drift": list(self.drift), "gid_index": self.gid_index,
+            "gid_index_pinned": self.gid_index_pinned, "address": self.address,
+            "rdma_device": self.rdma_device, "rdma_port": self.rdma_port,
+            "nccl_default_gid_index": self.nccl_default_gid_index,
+        }
+        c = self.counters
+        if c is not None:
+            out.update({
+                "link_speed_mbps": c.speed_mbps, "netdev_tx_bytes": c.netdev_tx_bytes,
+                "netdev_rx_bytes": c.netdev_rx_bytes, "rdma_tx_bytes": c.rdma_tx_bytes,
+                "rdma_rx_bytes": c.rdma_rx_bytes, "rdma_tx_packets": c.rdma_tx_packets,
+                "rdma_rx_packets": c.rdma_rx_packets})
+        if self.carrier_losses_total is not None:
+            out["carrier_losses_total"] = self.carrier_losses_total
+            out["carrier_losses_in_window"] = self.carrier_losses_in_window
+        if self.repairs_total is not None:
+            out["repairs_total"] = dict(self.repairs_total)
+        if self.lent_seconds is not None:
+            out["lent_seconds"] = round(self.lent_seconds, 1)
+        t = self.transport
+        if t is not None:
+            out["transport"] = {
+                "ok": t.ok, "step": t.step or "", "error": t.error, "messages": t.messages,
+                "latency_p50_us": t.latency_p50_us, "latency_p99_us": t.latency_p99_us,
+                "bandwidth_gbps": t.bandwidth_gbps, "seconds": t.seconds,
+                "gid_index": t.gid_index}
+        if self.peers is not None:
+            out["peers"] = [p.as_dict() for p in self.peers]
+        p = self.port
+        if p is not None:
+            out["port"] = {
+                "device": p.device, "port": p.port, "state": p.state,
+                "phys_state": p.phys_state, "link_layer": p.link_layer, "rate": p.rate,
+                "hca_type": p.hca_type, "fw_ver": p.fw_ver, "counters": dict(p.counters),
+                "pcie": None if p.pcie is None else {
+                    "address": p.pcie.address, "speed": p.pcie.speed, "width": p.pcie.width,
+                    "max_speed": p.pcie.max_speed, "max_width": p.pcie.max_width}}
+        return out
+
+
+@dataclass
+class Report:
+    """What check/apply print with --json and what the status file holds."""
+
+    node: str
+    findings: list[Finding]
+    actions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    gid_source: str = "none"
+    rails: list[RailStatus] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)  # hardware fingerprint for the Node
+
+    @property
+    def ok(self) -> bool:
+        """FabricReady: every condition that gates the node (the informational
+        FabricTrafficOnRDMA only when configured to gate)."""
+        fabric = [f for f in self.findings if f.type == FABRIC_READY]
+        return all(f.ok for f in fabric or self.findings)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "ok": self.ok,
+            "conditions": [f.as_dict() for f in self.findings],
+            "actions": list(self.actions),
+            "errors": list(self.errors),
+            "gid_source": self.gid_source,
+            "rails": [r.as_dict() for r in self.rails],
+            "labels": dict(self.labels),
+        }
+
+
+class DaemonRun(Words):
+    """The daemon's state in its status file."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"  # SIGTERM: the last pass's verdict, left for `status` to read
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    state: DaemonRun
+    passes: int
+    resync_interval: float
+    last_pass_seconds: float
+    reload_error: str | None = None  # why the last SIGHUP kept the old config
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": str(self.state), "reload_error": self.reload_error, "passes": self.passes,
+                "resync_interval": self.resync_interval,
+                "last_pass_seconds": round(self.last_pass_seconds, 6)}
+
+
+@dataclass(frozen=True)
+class PublisherState:
+    """The Node writer's own view of its work: the status file's `kubernetes` section."""
+
+    synced: bool = False  # the Node says what the latest verdict says
+    last_error: str | None = None
+    tainted: bool = False
+    taint_reason: str = ""
+    requests: int = 0
+    writes: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    events_dropped: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Status:
+    """The daemon's snapshot of one pass: what the status file, the metrics and the Node
+    writer all consume. `since` is the one record of when each condition took its current
+    status (wall clock): the file's `since`, the metrics' transition timestamps and the
+    Node's lastTransitionTime all come from it."""
+
+    report: Report
+    since: Mapping[str, float] = field(default_factory=dict)
+    probe_seconds: Mapping[str, float] = field(default_factory=dict)
+    lustre: tuple[LustreProbeStatus, ...] | None = None
+    kubernetes: PublisherState | None = None  # the publisher's own view of its work
+    daemon: DaemonState | None = None
+    peer_card: PeerCard | None = None  # with peers and kubernetes: published on the Lease
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.report.findings
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.report.labels
+
+    def document(self) -> dict[str, Any]:
+        """The status file's document (the public JSON contract), without the daemon
+        section the writer adds with its pid and time."""
+        data = self.report.as_dict()
+        for c in data["conditions"]:
+            if c["type"] in self.since:
+                c["since"] = rfc3339(self.since[c["type"]])
+        data["probe_seconds"] = {k: round(v, 6) for k, v in self.probe_seconds.items()}
+        if self.lustre is not None:
+            data["lustre"] = [{"mountpoint": p.mountpoint,
+                               "probe_seconds": round(p.probe_seconds, 6), "hung": p.hung}
+                              for p in self.lustre]
+        if self.kubernetes is not None:
+            data["kubernetes"] = self.kubernetes.as_dict()
+        return data
+
+
+def rfc3339(wall: float) -> str:
+    """Kubernetes' time format, to the second, UTC."""
+    return datetime.fromtimestamp(wall, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
