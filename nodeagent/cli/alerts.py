@@ -47,10 +47,17 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str,
 def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
     dp = cfg.device_plugin or DevicePlugin()
     kube = cfg.kubernetes or Kubernetes()
-    stale_after = w.lease_stale_after or int(kube.lease_seconds())
+    rules = [*_plugin_alerts(dp, w), *_node_alerts(kube, dp, w), _peer_suspect(w)]
+    if kube.taint is None:  # conditions only: the taint belongs to a readiness rule
+        rules = [r for r in rules if r["alert"] != "FabricTaintStuck"]
+    return [{"name": GROUP, "rules": rules}]
+
+
+def _plugin_alerts(dp: DevicePlugin, w: Windows) -> list[dict[str, Any]]:
+    """The device plugin's DaemonSet, from kube-state-metrics and the agents' reasons."""
     ds = f'namespace="{dp.namespace}", daemonset="{dp.daemonset}"'
     on = "on (namespace, daemonset)"
-    rules = [
+    return [
         _alert(
             "RDMADevicePluginNotReady",
             f"kube_daemonset_status_number_ready{{{ds}}}\n"
@@ -90,6 +97,13 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
             "node` shows the RDMADevicePluginReady message (the image, its platform and the "
             "node's, or the crash).",
         ),
+    ]
+
+
+def _node_alerts(kube: Kubernetes, dp: DevicePlugin, w: Windows) -> list[dict[str, Any]]:
+    """The fabric nodes: a taint that stays, an agent gone quiet, no RDMA resource."""
+    stale_after = w.lease_stale_after or int(kube.lease_seconds())
+    return [
         _alert(
             "FabricTaintStuck",
             f'kube_node_spec_taint{{key="{kube.taint.key if kube.taint else ""}"}} == 1',
@@ -118,11 +132,7 @@ def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
             "Zero or absent allocatable " + dp.resource + ": the device plugin is not "
             "registered there, and jobs on this node cannot request the fabric.",
         ),
-        _peer_suspect(w),
     ]
-    if kube.taint is None:  # conditions only: the taint belongs to a readiness rule
-        rules = [r for r in rules if r["alert"] != "FabricTaintStuck"]
-    return [{"name": GROUP, "rules": rules}]
 
 
 def rules_file(groups: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from nodeagent import __version__
@@ -26,6 +27,7 @@ from nodeagent.config import (
     parse_config,
 )
 from nodeagent.io.files import describe_error, printable
+from nodeagent.publish.status import ConditionLine, StatusDocument
 
 EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
 
@@ -94,31 +96,29 @@ MAX_LISTED = 50  # problems printed per condition: a forged status file cannot f
 MAX_FIELD = 1000  # characters printed per problem
 
 
-def listed(condition: dict[str, Any]) -> tuple[list[str], int]:
-    """A condition's problems as the writer listed them, the first MAX_LISTED each cut to
-    MAX_FIELD, and how many more there are (a status file written before the list existed:
-    its message as one problem)."""
-    got = condition.get("problems")
-    items = got if isinstance(got, list) and got else [condition.get("message", "")]
-    shown = [str(x) for x in items[:MAX_LISTED]]
+def listed(condition: ConditionLine) -> tuple[list[str], int]:
+    """A condition's problems, the first MAX_LISTED each cut to MAX_FIELD, and how many
+    more there are."""
+    shown = list(condition.problems[:MAX_LISTED])
     return ([x if len(x) <= MAX_FIELD else x[:MAX_FIELD] + "..." for x in shown],
-            len(items) - len(shown))
+            len(condition.problems) - len(shown))
 
 
-def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) -> None:
-    if as_json:
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
+def _print_json(data: dict[str, Any]) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _print_report(doc: StatusDocument, dry_run: bool = False) -> None:
     # What a daemon, a file or a driver wrote: control characters never reach the terminal,
     # and no field floods it.
     def p(text: Any) -> str:
         return printable(str(text)[:MAX_FIELD])
 
-    verdict = "fabric ready" if data["ok"] else "FABRIC NOT READY"
-    print(f"node {p(data['node'])}: {verdict}")
-    for c in data["conditions"]:
-        head = f"  {p(c['type']):<22} {p(c['status']):<8} {p(c['reason'])}"
+    verdict = "fabric ready" if doc.ok else "FABRIC NOT READY"
+    print(f"node {p(doc.node)}: {verdict}")
+    for c in doc.conditions:
+        head = f"  {p(c.type):<22} {p(c.status):<8} {p(c.reason)}"
         problems, more = listed(c)
         if len(problems) == 1 and not more:
             print(f"{head:<57} {p(problems[0])}")
@@ -128,19 +128,19 @@ def _print_report(data: dict[str, Any], as_json: bool, dry_run: bool = False) ->
             print(f"      {p(problem)}")
         if more:
             print(f"      ... and {more} more (--json has them all)")
-    for r in data.get("rails", [])[:MAX_LISTED]:
+    for r in doc.rails[:MAX_LISTED]:
         # Not a condition without an nccl section, but what a job without
         # NCCL_IB_GID_INDEX will meet on this node: said before any job runs.
-        default, pinned = r.get("nccl_default_gid_index"), r.get("gid_index_pinned")
+        default, pinned = r.nccl_default_gid_index, r.gid_index_pinned
         if default is not None and pinned is not None and default != pinned:
-            print(f"note: {p(r['name'])}: NCCL with default settings would pick GID "
+            print(f"note: {p(r.name)}: NCCL with default settings would pick GID "
                   f"{default}, not the pinned {pinned}: jobs must set "
                   f"NCCL_IB_GID_INDEX={pinned} (or NCCL_IB_ADDR_RANGE)")
-    if data.get("actions"):
+    if doc.actions:
         print("would run:" if dry_run else "repaired:")
-        for a in data["actions"][:MAX_LISTED]:
+        for a in doc.actions[:MAX_LISTED]:
             print(f"  {p(a)}")
-    for e in data.get("errors", [])[:MAX_LISTED]:
+    for e in doc.errors[:MAX_LISTED]:
         print(f"error: {p(e)}")
 
 
@@ -186,7 +186,10 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
             report = evaluator.judge(repairs)
             report.errors = errors
     data = report.as_dict()
-    _print_report(data, args.json, dry_run=dry_run)
+    if args.json:
+        _print_json(data)
+    else:
+        _print_report(StatusDocument.parse(data, written=False), dry_run=dry_run)
     return EXIT_OK if report.ok else EXIT_NOT_OK
 
 
@@ -225,16 +228,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         missing = f"no status file at {path}: the daemon has not run"
         if args.json:
-            _print_report(
-                {
-                    "node": cfg.resolved_node_name(),
-                    "ok": False,
-                    "conditions": [],
-                    "actions": [],
-                    "daemon": {"running": False, "problem": missing},
-                },
-                True,
-            )
+            _print_json({"node": cfg.resolved_node_name(), "ok": False, "conditions": [],
+                         "actions": [], "daemon": {"running": False, "problem": missing}})
         else:
             print(missing)
         return EXIT_NOT_OK
@@ -252,15 +247,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             "problem": problem,
         }
     )
-    if problem:
-        data["ok"] = False
-    _print_report(data, args.json)
-    if not args.json:
-        print(printable(
-            problem
-            or f"daemon pid {data['daemon'].get('pid')} running, last pass {view.age:.1f}s ago"
-        ))
-    return EXIT_OK if data["ok"] else EXIT_NOT_OK
+    ok = view.doc.ok and not problem
+    if args.json:
+        _print_json({**data, "ok": ok})
+    else:
+        _print_report(replace(view.doc, ok=ok))
+        print(printable(problem or f"daemon pid {view.doc.pid} running, last pass "
+                                   f"{view.age:.1f}s ago"))
+    return EXIT_OK if ok else EXIT_NOT_OK
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:

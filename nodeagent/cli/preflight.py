@@ -25,12 +25,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from nodeagent.checks.preflight import PreflightFacts, judge_preflight
 from nodeagent.config import parse_duration
 from nodeagent.io.files import NotARegularFile, printable, write_regular
-from nodeagent.kube.fields import items, obj, text
 from nodeagent.kube.nodeview import read_node
 from nodeagent.model.conditions import FABRIC_READY
 from nodeagent.model.jobs import NodeRail, NodeVerdict, Unfit
@@ -127,10 +125,6 @@ def peer_names(spec: str, size: int) -> list[str]:
     return names
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
     """The agent's own word, from its status file; its problems fail the preflight."""
     from nodeagent.publish.status import read_status, stale_after, status_path
@@ -143,24 +137,20 @@ def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
                            f"{runtime_dir} read-only, or use --verdict api")
     except (OSError, ValueError) as exc:
         return NodeVerdict(problem=f"{path}: {printable(str(exc))[:300]}")
-    data = view.data
-    stale = stale_after(obj(data.get("daemon")).get("resync_interval"))
-    view = replace(view, stale=view.age > stale)  # stale as `nodeagent status` judges it
-    rails = tuple(NodeRail(text(r.get("name")), text(r.get("address")) or None,
-                           text(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
-                           _int(r.get("gid_index_pinned")))
-                  for r in items(data.get("rails"))[:64] if isinstance(r, dict))
-    lustre = tuple(text(m.get("mountpoint")) for m in items(data.get("lustre"))[:64]
-                   if isinstance(m, dict) and text(m.get("mountpoint")))
-    fabric = next((c for c in data["conditions"] if c["type"] == FABRIC_READY), None)
+    doc = view.doc
+    # Stale as `nodeagent status` judges it, by the interval the file says.
+    view = replace(view, stale=view.age > stale_after(doc.resync_interval))
+    rails = tuple(NodeRail(r.name, r.address, r.rdma_device, r.rdma_port, r.gid_index_pinned)
+                  for r in doc.rails)
+    fabric = doc.condition(FABRIC_READY)
     if view.problem is not None:
-        return NodeVerdict(text(data.get("node")), rails=rails, lustre=lustre,
+        return NodeVerdict(doc.node, rails=rails, lustre=doc.lustre,
                            problem=f"the node's agent: {view.problem}")
     if fabric is None:
-        return NodeVerdict(text(data.get("node")), rails=rails, lustre=lustre,
+        return NodeVerdict(doc.node, rails=rails, lustre=doc.lustre,
                            problem="the agent's status has no FabricReady")
-    return NodeVerdict(text(data.get("node")), fabric["status"] == "True", fabric["reason"],
-                       fabric["message"][:500], rails, lustre)
+    return NodeVerdict(doc.node, fabric.status == "True", fabric.reason, fabric.message[:500],
+                       rails, doc.lustre)
 
 
 def verdict_from_api(node: str) -> NodeVerdict:

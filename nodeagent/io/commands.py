@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from nodeagent.io.bounded import BoundedReads
 from nodeagent.model.lustre import ProbeResult
@@ -115,52 +116,20 @@ def run_bounded(argv: list[str], timeout: float, max_output: int = 4096,
     for DRAIN_GRACE after it ended, then the pipe is closed: nothing that holds the pipe
     keeps a thread waiting on it. With `groups`, its scope is stopped when they are."""
     started = time.monotonic()
-    if shutil.which(argv[0]) is None:
-        why = "no such file" if os.sep in argv[0] and not os.path.exists(argv[0]) else \
-            "not an executable" if os.sep in argv[0] else "not found on PATH"
-        return CommandRun(None, b"", 0.0, f"cannot run {argv[0]}: {why}")
-    try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(CHECK_SCOPE), "--", *argv],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    except OSError as exc:
-        return CommandRun(None, b"", 0.0, f"cannot run {argv[0]}: {exc.strerror or exc}")
+    proc = _start_scope(argv)
+    if isinstance(proc, str):
+        return CommandRun(None, b"", 0.0, proc)
     if groups is not None and not groups.add(proc.pid):
         _stop_scope(proc.pid)  # its owner stopped while it started
-    kept: list[bytes] = []
-    ended = threading.Event()
     assert proc.stdout is not None
     pipe = proc.stdout
-
-    def drain() -> None:
-        size, until = 0, None
-        with contextlib.suppress(OSError, ValueError):
-            while until is None or time.monotonic() < until:
-                if until is None and ended.is_set():
-                    until = time.monotonic() + DRAIN_GRACE
-                if not select.select([pipe], [], [], 0.05)[0]:
-                    continue
-                chunk = os.read(pipe.fileno(), 65536)
-                if not chunk:
-                    return
-                if size < max_output:
-                    kept.append(chunk[: max_output - size])
-                size += len(chunk)
-
-    reader = threading.Thread(target=drain, name="check-output", daemon=True)
+    kept: list[bytes] = []
+    ended = threading.Event()
+    reader = threading.Thread(target=_drain, args=(pipe, ended, kept, max_output),
+                              name="check-output", daemon=True)
     reader.start()
-    error = None
     try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        error = f"no answer within {timeout:g} s (killed)"
-        _stop_scope(proc.pid)
-        try:
-            proc.wait(SCOPE_GRACE)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)  # a scope that does not answer: its own group at least
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(1.0)  # one in uninterruptible sleep is left: it cannot hold us
+        error = _wait_or_kill(proc, timeout)
     finally:
         ended.set()
         reader.join(DRAIN_GRACE + 1.0)
@@ -170,6 +139,54 @@ def run_bounded(argv: list[str], timeout: float, max_output: int = 4096,
             groups.discard(proc.pid)
     return CommandRun(None if error else proc.returncode, b"".join(kept),
                       time.monotonic() - started, error)
+
+
+def _start_scope(argv: list[str]) -> subprocess.Popen[bytes] | str:
+    """The check started in its scope, or why it cannot run, in one line."""
+    if shutil.which(argv[0]) is None:
+        why = "no such file" if os.sep in argv[0] and not os.path.exists(argv[0]) else \
+            "not an executable" if os.sep in argv[0] else "not found on PATH"
+        return f"cannot run {argv[0]}: {why}"
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", str(CHECK_SCOPE), "--", *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        return f"cannot run {argv[0]}: {exc.strerror or exc}"
+
+
+def _drain(pipe: IO[bytes], ended: threading.Event, kept: list[bytes], max_output: int) -> None:
+    """Read the check's output until it is closed, or DRAIN_GRACE after the check ended;
+    keep the first `max_output` bytes."""
+    size, until = 0, None
+    with contextlib.suppress(OSError, ValueError):
+        while until is None or time.monotonic() < until:
+            if until is None and ended.is_set():
+                until = time.monotonic() + DRAIN_GRACE
+            if not select.select([pipe], [], [], 0.05)[0]:
+                continue
+            chunk = os.read(pipe.fileno(), 65536)
+            if not chunk:
+                return
+            if size < max_output:
+                kept.append(chunk[: max_output - size])
+            size += len(chunk)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> str | None:
+    """Wait for the check; past `timeout` its scope is stopped: why, or None when it ended."""
+    try:
+        proc.wait(timeout)
+        return None
+    except subprocess.TimeoutExpired:
+        _stop_scope(proc.pid)
+        try:
+            proc.wait(SCOPE_GRACE)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)  # a scope that does not answer: its own group at least
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1.0)  # one in uninterruptible sleep is left: it cannot hold us
+        return f"no answer within {timeout:g} s (killed)"
 
 
 def _stop_scope(pid: int) -> None:

@@ -243,8 +243,94 @@ def write_status(runtime_dir: Path, report: dict[str, Any], daemon: dict[str, An
 
 
 @dataclass(frozen=True)
+class ConditionLine:
+    type: str
+    status: str
+    reason: str
+    message: str
+    problems: tuple[str, ...]  # as the writer listed them; the message alone when it did not
+
+
+@dataclass(frozen=True)
+class RailLine:
+    name: str
+    address: str | None = None
+    rdma_device: str | None = None
+    rdma_port: int | None = None
+    gid_index_pinned: int | None = None
+    nccl_default_gid_index: int | None = None
+
+
+MAX_LINES = 64  # rails, mounts, actions and errors read from one file, at most
+
+
+@dataclass(frozen=True)
+class StatusDocument:
+    """The status file (or a fresh report's document), parsed once for every reader:
+    `status` and `check` print it, preflight takes its verdict from it."""
+
+    node: str
+    ok: bool
+    conditions: tuple[ConditionLine, ...]
+    rails: tuple[RailLine, ...] = ()
+    lustre: tuple[str, ...] = ()  # the mountpoints
+    actions: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    pid: int | None = None
+    updated_at: float = 0.0
+    resync_interval: Any = None  # as written: stale_after() judges what it is worth
+
+    def condition(self, kind: str) -> ConditionLine | None:
+        return next((c for c in self.conditions if c.type == kind), None)
+
+    @classmethod
+    def parse(cls, raw: Any, written: bool = True) -> StatusDocument:
+        """ValueError names the first part that is not a status file's (`written`: by the
+        daemon, with its daemon section)."""
+        raw = validate_status(raw, written)
+        daemon = raw.get("daemon") or {}
+        return cls(
+            node=raw["node"], ok=raw["ok"],
+            conditions=tuple(ConditionLine(c["type"], c["status"], c["reason"], c["message"],
+                                           _problems(c)) for c in raw["conditions"]),
+            rails=tuple(_rail(r) for r in raw.get("rails", [])[:MAX_LINES]
+                        if isinstance(r, dict)) if isinstance(raw.get("rails"), list) else (),
+            lustre=tuple(_text(m.get("mountpoint")) for m in _items(raw.get("lustre"))
+                         if isinstance(m, dict) and _text(m.get("mountpoint"))),
+            actions=tuple(str(a) for a in raw["actions"][:MAX_LINES]),
+            errors=tuple(str(e) for e in raw["errors"][:MAX_LINES]),
+            pid=_int(daemon.get("pid")), updated_at=float(daemon.get("updated_at", 0)),
+            resync_interval=daemon.get("resync_interval"))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _items(value: Any) -> list[Any]:
+    return value[:MAX_LINES] if isinstance(value, list) else []
+
+
+def _problems(condition: dict[str, Any]) -> tuple[str, ...]:
+    got = condition.get("problems")
+    items = got if isinstance(got, list) and got else [condition["message"]]
+    return tuple(str(x) for x in items)
+
+
+def _rail(r: dict[str, Any]) -> RailLine:
+    return RailLine(_text(r.get("name")), _text(r.get("address")) or None,
+                    _text(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
+                    _int(r.get("gid_index_pinned")), _int(r.get("nccl_default_gid_index")))
+
+
+@dataclass(frozen=True)
 class StatusView:
-    data: dict[str, Any]
+    data: dict[str, Any]  # as written: `status --json` passes it on
+    doc: StatusDocument
     running: bool
     age: float
     stale: bool
@@ -252,7 +338,7 @@ class StatusView:
 
     @property
     def problem(self) -> str | None:
-        pid = self.data.get("daemon", {}).get("pid")
+        pid = self.doc.pid
         if not self.running:  # nobody holds the daemon lock
             age = "" if math.isinf(self.age) else f"; last status is {self.age:.0f}s old"
             return f"daemon is not running (pid {pid} is gone){age}"
@@ -269,25 +355,27 @@ class StatusView:
 _SHAPE = {"node": str, "ok": bool, "conditions": list, "daemon": dict}
 
 
-def validate_status(raw: Any) -> dict[str, Any]:
-    """The parts `status` reads, checked for shape; ValueError names the first bad one."""
+def validate_status(raw: Any, written: bool = True) -> dict[str, Any]:
+    """The parts `status` reads, checked for shape; ValueError names the first bad one.
+    A report not `written` by the daemon (`check`'s) has no daemon section."""
     if not isinstance(raw, dict):
         raise ValueError("not a nodeagent status file (not a JSON object)")
+    doc: dict[str, Any] = raw if written else {**raw, "daemon": {}}
     for key, kind in _SHAPE.items():
-        if not isinstance(raw.get(key), kind):
+        if not isinstance(doc.get(key), kind):
             raise ValueError(f"not a nodeagent status file ({key!r} is not a {kind.__name__})")
-    for i, c in enumerate(raw["conditions"]):
+    for i, c in enumerate(doc["conditions"]):
         if not isinstance(c, dict) or not all(isinstance(c.get(k), str)
                                               for k in ("type", "status", "reason", "message")):
             raise ValueError(f"not a nodeagent status file (conditions[{i}] is malformed)")
     for key in ("actions", "errors"):
-        if not isinstance(raw.setdefault(key, []), list):
+        if not isinstance(doc.setdefault(key, []), list):
             raise ValueError(f"not a nodeagent status file ({key!r} is not a list)")
-    updated = raw["daemon"].get("updated_at", 0)
+    updated = doc["daemon"].get("updated_at", 0)
     if isinstance(updated, bool) or not isinstance(updated, int | float) \
             or not math.isfinite(updated):
         raise ValueError("not a nodeagent status file (daemon.updated_at is not a time)")
-    return raw
+    return doc
 
 
 def stale_after(resync_interval: Any) -> float:
@@ -304,12 +392,11 @@ def stale_after(resync_interval: Any) -> float:
 def read_status(runtime_dir: Path, stale_seconds: float) -> StatusView:
     """Raises FileNotFoundError when the daemon never wrote one, ValueError when corrupt.
     Whether a daemon runs is told by the daemon lock, not by guessing from a pid."""
-    raw = validate_status(parse_json_state(read_text_bounded(status_path(runtime_dir),
-                                                              STATUS_MAX)))
-    daemon = raw["daemon"]
+    raw = parse_json_state(read_text_bounded(status_path(runtime_dir), STATUS_MAX))
+    doc = StatusDocument.parse(raw)
     # A time in the future (a clock stepped back, or a forged file) counts as old, not fresh.
-    age = time.time() - float(daemon.get("updated_at", 0))
+    age = time.time() - doc.updated_at
     age = age if age >= 0 else math.inf
     holder = daemon_holding(runtime_dir)
-    return StatusView(data=raw, running=holder is not None, age=age,
+    return StatusView(data=raw, doc=doc, running=holder is not None, age=age,
                       stale=age > stale_seconds, holder=holder)

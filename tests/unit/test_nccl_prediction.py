@@ -440,10 +440,12 @@ def test_without_the_section_no_condition_but_the_status_still_says() -> None:
 def test_check_notes_a_rail_whose_nccl_default_is_not_its_pin(
         capsys: pytest.CaptureFixture[str]) -> None:
     from nodeagent.cli.main import _print_report
+    from nodeagent.publish.status import StatusDocument
 
     rails = [{"name": "rail0", "gid_index_pinned": 5, "nccl_default_gid_index": 3},
              {"name": "rail1", "gid_index_pinned": 3, "nccl_default_gid_index": 3}]
-    _print_report({"node": "gpu-05", "ok": True, "conditions": [], "rails": rails}, False)
+    _print_report(StatusDocument.parse({"node": "gpu-05", "ok": True, "conditions": [],
+                                        "rails": rails}, written=False))
     assert capsys.readouterr().out.splitlines()[1:] == [
         "note: rail0: NCCL with default settings would pick GID 3, not the pinned 5: jobs "
         "must set NCCL_IB_GID_INDEX=5 (or NCCL_IB_ADDR_RANGE)"]

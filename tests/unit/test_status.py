@@ -214,3 +214,30 @@ def test_a_forged_status_file_cannot_flood_the_terminal(tmp_path: Path) -> None:
     # A message with no list is printed as the one problem it is, cut to MAX_FIELD.
     assert sum("a; a; " in ln for ln in lines) == 1
     assert len(lines) < 3 * MAX_LISTED + 10 and len(out.getvalue()) < 4 * MAX_LISTED * MAX_FIELD
+
+
+def test_the_status_document_is_parsed_once_into_types_whatever_the_file_holds() -> None:
+    """The one reader `status`, `check` and preflight share: a field of the wrong type reads
+    as absent, never as a value of another type (a port "5", a pid true); lists are capped;
+    a condition without a problem list shows its message as its one problem."""
+    from nodeagent.publish.status import MAX_LINES, RailLine, StatusDocument
+
+    rails: list[Any] = [{"name": "rail0", "rdma_port": "5", "gid_index_pinned": True,
+                         "address": 7, "nccl_default_gid_index": 3}, "junk", None]
+    rails += [{"name": f"r{i}"} for i in range(100)]
+    doc = StatusDocument.parse({
+        **REPORT, "rails": rails, "lustre": [{"mountpoint": "/lustre"}, {"mountpoint": 1}, 2],
+        "errors": ["e"] * 1000,
+        "conditions": [{**REPORT["conditions"][0], "message": "m", "problems": ["a", "b"]},
+                       {"type": "LustreReady", "status": "False", "reason": "r",
+                        "message": "only this"}],
+        "daemon": {"pid": True, "updated_at": 5, "resync_interval": 1e300}})
+    assert doc.rails[0] == RailLine("rail0", nccl_default_gid_index=3)
+    assert len(doc.rails) == MAX_LINES - 2 and len(doc.errors) == MAX_LINES
+    assert doc.lustre == ("/lustre",) and doc.pid is None and doc.updated_at == 5.0
+    fabric, lustre = doc.condition("FabricReady"), doc.condition("LustreReady")
+    assert fabric is not None and fabric.problems == ("a", "b")
+    assert lustre is not None and lustre.problems == ("only this",)
+    with pytest.raises(ValueError, match="'daemon' is not a dict"):
+        StatusDocument.parse(REPORT)  # a file the daemon wrote has its daemon section
+    assert StatusDocument.parse(REPORT, written=False).node == "n1"  # `check`'s report
