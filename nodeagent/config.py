@@ -479,6 +479,55 @@ class Dra(_Strict):
     gate: bool = False  # true: part of FabricReady
 
 
+# counter -> the fastest it may grow, per second, over congestion.window. The names of a
+# ConnectX port: hw_counters/ (the mlx5 driver's q counters and its cong_cnts, in
+# drivers/infiniband/hw/mlx5/counters.c; the same layout as leptonai/gpud's captured H100
+# node) and the netdev's ethtool statistics (mlx5e's per-priority PFC counters,
+# "rx_prio%d_pause" in en_stats.c), for priority 3, where DSCP 26 (NCCL_IB_TC=106) lands.
+DEFAULT_CONGESTION_RATES = {
+    "rx_prio3_pause": 100.0,  # the switch pauses this port: a pause storm upstream
+    "tx_prio3_pause": 100.0,  # this port pauses the switch: its receive buffer is full
+    "np_cnp_sent": 1000.0,  # as a receiver, ECN-marked packets answered with CNPs
+    "rp_cnp_handled": 1000.0,  # as a sender, CNPs that slowed this port down
+    "np_ecn_marked_roce_packets": 1000.0,
+    "out_of_sequence": 10.0,  # packets lost and resent (go-back-N)
+    "local_ack_timeout_err": 1.0,  # an ACK never came: the retransmit timer fired
+    "roce_slow_restart": 1.0,  # retransmits after a long idle, slowed down
+}
+
+
+class Congestion(_Strict):
+    """FabricNotCongested: each ready rail's pause, congestion and retransmission counters
+    (hw_counters/ of its RDMA port, else the netdev's ethtool statistics), read every
+    `interval`, each against its rate over `window`. A counter the driver does not have is
+    left out (soft-RoCE has none of these names); a rail with none of them is Unknown."""
+
+    interval: Interval = 10.0
+    window: Duration = 60.0
+    rates: dict[Text, float] = Field(default_factory=lambda: dict(DEFAULT_CONGESTION_RATES))
+    gate: bool = False  # true: part of FabricReady
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, n in v.items() if not 0 <= n < float("inf")]
+        if bad:
+            raise ValueError(f"a rate must be 0 or more per second: {', '.join(bad)}")
+        paths = [k for k in v if "/" in k or k.startswith(".")]
+        if paths:
+            raise ValueError(f"a counter's name, not a path: {', '.join(paths)}")
+        if not v:
+            raise ValueError("name at least one counter")
+        return v
+
+    @model_validator(mode="after")
+    def _window(self) -> Congestion:
+        if self.window < 2 * self.interval:
+            raise ValueError(f"window {self.window:g}s holds fewer than two samples taken "
+                             f"every {self.interval:g}s: make it at least twice the interval")
+        return self
+
+
 class Peer(_Strict):
     """Another node's end of a rail: its rail address, and the node's name for messages."""
 
@@ -784,6 +833,7 @@ class Config(_Strict):
     peers: Peers | None = None
     nccl: Nccl | None = None
     dra: Dra | None = None
+    congestion: Congestion | None = None
     jobs: Jobs = Jobs()  # the job gate's names, for nodeagent deploy
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None

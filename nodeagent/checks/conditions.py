@@ -16,11 +16,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from nodeagent.checks.congestion import congestion_finding
 from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
 from nodeagent.checks.dra import slices_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.facts import (
+    CongestionSeen,
     CountersSeen,
     CustomChecksSeen,
     Facts,
@@ -50,6 +52,7 @@ from nodeagent.checks.transport import transport_finding
 from nodeagent.config import Config
 from nodeagent.model.conditions import (
     CUSTOM_CHECKS_PASSED,
+    FABRIC_NOT_CONGESTED,
     FABRIC_READY,
     FABRIC_TRAFFIC_ON_RDMA,
     LUSTRE_READY,
@@ -172,6 +175,12 @@ def _slices(cfg: Config, facts: Facts) -> Finding:
     return slices_finding(cfg, seen.observation if seen else None)
 
 
+def _congestion(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(CongestionSeen)
+    return congestion_finding(cfg, seen.samples if seen else None, seen.skipped if seen else {},
+                              seen.rates if seen else ErrorRates())
+
+
 def _fabric_placeholder(cfg: Config, facts: Facts) -> Finding:
     raise AssertionError("FabricReady is judged over the others (judge_all)")
 
@@ -204,6 +213,8 @@ CONDITIONS: Sequence[Condition] = (
     Condition(NCCL_DEFAULT_GID_PINNED, nccl_default_finding, column="NCCL", section="nccl",
               needs_section=True, gate="section", example={}),
     Condition(RDMA_RESOURCE_SLICES_READY, _slices, column="DRA", section="dra",
+              needs_section=True, gate="section", example={}),
+    Condition(FABRIC_NOT_CONGESTED, _congestion, column="CONGESTION", section="congestion",
               needs_section=True, gate="section", example={}),
 )
 # Every type the agent may publish, in the registry's order (the admission policy allows

@@ -29,7 +29,14 @@ from nodeagent.model.kube import DevicePluginObservation, SlicesObservation
 from nodeagent.model.lustre import LustreObservation
 from nodeagent.model.network import RailObservation
 from nodeagent.model.peers import PeerProbe, PeerRef, TransportResult
-from nodeagent.model.rdma import GidTable, Pin, PortHealth, QueuePairs, RailCounters
+from nodeagent.model.rdma import (
+    CongestionSample,
+    GidTable,
+    Pin,
+    PortHealth,
+    QueuePairs,
+    RailCounters,
+)
 from nodeagent.model.status import CustomCheckResult, RailTimeline
 
 D = TypeVar("D", bound="Delivered")
@@ -92,6 +99,27 @@ class PortsSeen(Delivered):
 
     def without_rails(self, rails: Set[str]) -> PortsSeen:
         return replace(self, ports={r: p for r, p in self.ports.items() if r not in rails})
+
+
+@dataclass(frozen=True)
+class CongestionSeen(Delivered):
+    """Each ready rail's congestion counters as the source last read them, folded into
+    their history over congestion.window (the same windows as the error counters')."""
+
+    samples: Mapping[str, CongestionSample]
+    skipped: Mapping[str, str] = field(default_factory=dict)  # rail -> why it was not read
+    at: float = 0.0  # monotonic
+    window: float = 60.0
+    rates: ErrorRates = field(default_factory=ErrorRates, compare=False, repr=False)
+
+    def after(self, previous: CongestionSeen | None) -> CongestionSeen:
+        rates = previous.rates if previous is not None else ErrorRates()
+        rates.observe(self.at, self.window, self.samples)
+        return replace(self, rates=rates)
+
+    def without_rails(self, rails: Set[str]) -> CongestionSeen:
+        return replace(self, samples={r: v for r, v in self.samples.items() if r not in rails},
+                       skipped={r: v for r, v in self.skipped.items() if r not in rails})
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from nodeagent.config import Config, Hardware
 from nodeagent.model.conditions import RDMA_HARDWARE_HEALTHY, Finding, Problems
 from nodeagent.model.rdma import PhysState, PortHealth, PortState
+
+
+class Counted(Protocol):
+    """What carries a rail's counters by name (a port's health, its congestion sample)."""
+
+    @property
+    def counters(self) -> Mapping[str, int]: ...
 
 
 @dataclass
@@ -26,7 +34,7 @@ class ErrorRates:
 
     _samples: dict[tuple[str, str], deque[tuple[float, int]]] = field(default_factory=dict)
 
-    def observe(self, now: float, window: float, ports: Mapping[str, PortHealth]) -> None:
+    def observe(self, now: float, window: float, ports: Mapping[str, Counted]) -> None:
         seen = set()
         for rail, port in ports.items():
             for name, value in port.counters.items():

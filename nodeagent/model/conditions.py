@@ -40,6 +40,10 @@ class ConditionType(Words):
     # With a `dra` section: the DRA driver's ResourceSlices for this node list each rail's
     # NIC with RDMA (the counterpart of RDMADevicePluginReady for resource.k8s.io/v1).
     RDMA_RESOURCE_SLICES_READY = "RDMAResourceSlicesReady"
+    # With a `congestion` section: no rail's pause frames, congestion notifications or
+    # retransmissions grow faster than their rate (part of FabricReady only with
+    # `congestion.gate`). True = good, as every condition here: not "FabricCongested".
+    FABRIC_NOT_CONGESTED = "FabricNotCongested"
 
 
 ROCE_NETWORK_READY = ConditionType.ROCE_NETWORK_READY
@@ -54,6 +58,7 @@ RDMA_TRANSPORT_VERIFIED = ConditionType.RDMA_TRANSPORT_VERIFIED
 RDMA_PEERS_REACHABLE = ConditionType.RDMA_PEERS_REACHABLE
 NCCL_DEFAULT_GID_PINNED = ConditionType.NCCL_DEFAULT_GID_PINNED
 RDMA_RESOURCE_SLICES_READY = ConditionType.RDMA_RESOURCE_SLICES_READY
+FABRIC_NOT_CONGESTED = ConditionType.FABRIC_NOT_CONGESTED
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,15 @@ class GidShift:
     index: int  # where it is now
     pinned: int
     slot_taken_by: str | None  # the GID now at the pinned index, if any
+
+
+@dataclass(frozen=True)
+class CongestionSample:
+    """One rail's congestion counters at one moment: its RDMA port's, and its netdev's
+    ethtool statistics for the names the port does not have."""
+
+    device: str
+    port: int
+    interface: str
+    counters: dict[str, int] = field(default_factory=dict)
+    unreadable: tuple[str, ...] = ()  # what could not be read, for the message

@@ -86,6 +86,22 @@ def read_pcie(sysfs: Path, device: str, where: Where, missing: list[str]) -> Pci
         max_width=_int(_text(link / "max_link_width", where, missing)))
 
 
+def read_named_counters(port_dir: Path, names: Iterable[str], where: Where,
+                        missing: list[str]) -> dict[str, int]:
+    """The named counters of one RDMA port, each from `counters/`, else `hw_counters/`; a
+    counter in neither, or not a 64-bit count, is left out."""
+    values: dict[str, int] = {}
+    for name in names:
+        if "/" in name or name.startswith("."):
+            continue  # a counter name, never a path
+        for directory in (port_dir / "counters", port_dir / "hw_counters"):
+            value = _int(_text(directory / name, where, missing))
+            if value is not None and 0 <= value < 2**64:
+                values[name] = value
+                break
+    return values
+
+
 def read_port_health(sysfs: Path, device: str, port: int, counters: Iterable[str] = (),
                      where: Where | None = None) -> PortHealth:
     """The port's attributes and the named counters (each from `counters/`, else
@@ -94,16 +110,7 @@ def read_port_health(sysfs: Path, device: str, port: int, counters: Iterable[str
     missing: list[str] = []
     base = sysfs / "class" / "infiniband" / device
     ports = base / "ports" / str(port)
-    values: dict[str, int] = {}
-    for name in counters:
-        if "/" in name or name.startswith("."):
-            continue  # a counter name, never a path
-        for directory in (ports / "counters", ports / "hw_counters"):
-            text = _text(directory / name, where, missing)
-            value = _int(text)
-            if value is not None and 0 <= value < 2**64:
-                values[name] = value
-                break
+    values = read_named_counters(ports, counters, where, missing)
     rate = _text(ports / "rate", where, missing)
     return PortHealth(
         device=device, port=port,

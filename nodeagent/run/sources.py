@@ -112,6 +112,12 @@ def _dra(sources: Sources, cfg: Config) -> SectionSource:
     return SlicesMonitor(cfg, sources.deliver)
 
 
+def _congestion(sources: Sources, cfg: Config) -> SectionSource:
+    from nodeagent.run.congestion import CongestionMonitor
+
+    return CongestionMonitor(cfg, sources.deliver)
+
+
 def _peers(sources: Sources, cfg: Config) -> SectionSource:
     from nodeagent.run.peers import PeerService
 
@@ -133,6 +139,7 @@ SECTIONS: dict[str, Section] = {
     "transport": Section(lambda c: c.transport is not None, _transport),
     "dra": Section(lambda c: c.dra is not None and c.kubernetes is not None, _dra),
     "peers": Section(lambda c: c.peers is not None, _peers),
+    "congestion": Section(lambda c: c.congestion is not None, _congestion),
 }
 
 S = TypeVar("S")
