@@ -528,6 +528,22 @@ class Congestion(_Strict):
         return self
 
 
+class Lldp(_Strict):
+    """RailCablingVerified: the switch port at each rail's far end, from the LLDP frames
+    arriving on its netdev. No LLDP seen is Unknown, never a failure."""
+
+    # fnmatch pattern each rail's switch (its LLDP system name, else its chassis ID) must
+    # match; {n} is the rail's position in `rails` (0, 1, ...), {rail} its name. None: the
+    # switches are reported, not checked.
+    switch_name: Text | None = None
+    gate: bool = False  # true: part of FabricReady (a miscabled rail taints the node)
+
+    def expected(self, rail: str, n: int) -> str | None:
+        if self.switch_name is None:
+            return None
+        return self.switch_name.replace("{n}", str(n)).replace("{rail}", rail)
+
+
 class Peer(_Strict):
     """Another node's end of a rail: its rail address, and the node's name for messages."""
 
@@ -834,6 +850,7 @@ class Config(_Strict):
     nccl: Nccl | None = None
     dra: Dra | None = None
     congestion: Congestion | None = None
+    lldp: Lldp | None = None
     jobs: Jobs = Jobs()  # the job gate's names, for nodeagent deploy
     metrics: Metrics | None = None  # the Prometheus endpoint; off without this section
     lustre: list[LustreMount] | None = None

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from nodeagent.checks.cabling import NO_LLDP, cabling_finding, heard_now
 from nodeagent.checks.congestion import congestion_finding
 from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
@@ -27,6 +28,7 @@ from nodeagent.checks.facts import (
     CustomChecksSeen,
     Facts,
     FingerprintSeen,
+    LLDPSeen,
     LustreSeen,
     PeersSeen,
     PluginSeen,
@@ -57,6 +59,7 @@ from nodeagent.model.conditions import (
     FABRIC_TRAFFIC_ON_RDMA,
     LUSTRE_READY,
     NCCL_DEFAULT_GID_PINNED,
+    RAIL_CABLING_VERIFIED,
     RDMA_DEVICE_PLUGIN_READY,
     RDMA_HARDWARE_HEALTHY,
     RDMA_PEERS_REACHABLE,
@@ -181,6 +184,12 @@ def _congestion(cfg: Config, facts: Facts) -> Finding:
                               seen.rates if seen else ErrorRates())
 
 
+def _cabling(cfg: Config, facts: Facts) -> Finding:
+    seen = facts.get(LLDPSeen)
+    return cabling_finding(cfg, seen.heard if seen else {}, facts.now,
+                           seen.unopened if seen else {})
+
+
 def _fabric_placeholder(cfg: Config, facts: Facts) -> Finding:
     raise AssertionError("FabricReady is judged over the others (judge_all)")
 
@@ -216,6 +225,9 @@ CONDITIONS: Sequence[Condition] = (
               needs_section=True, gate="section", example={}),
     Condition(FABRIC_NOT_CONGESTED, _congestion, column="CONGESTION", section="congestion",
               needs_section=True, gate="section", example={}),
+    Condition(RAIL_CABLING_VERIFIED, _cabling, column="CABLING", section="lldp",
+              needs_section=True, gate="section", example={},
+              counts=lambda finding: finding.reason != NO_LLDP),
 )
 # Every type the agent may publish, in the registry's order (the admission policy allows
 # exactly these; the Node writer publishes what a pass judged, always a subset).
@@ -239,6 +251,8 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
     drift, gid = facts.derive(drift_by_rail, cfg), facts.derive(gid_verdict, cfg)
     transport, counted, ports = facts.get(TransportSeen), facts.get(CountersSeen), \
         facts.get(PortsSeen)
+    lldp = facts.get(LLDPSeen)
+    switches = heard_now(lldp.heard, facts.now) if lldp is not None else {}
     peers = facts.derive(peer_stats_by_rail, cfg)
     nccl = facts.derive(nccl_defaults, cfg)
     rails = []
@@ -265,7 +279,8 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             carrier_losses_total=timeline.carrier_losses_total if timeline else None,
             carrier_losses_in_window=timeline.carrier_losses_in_window if timeline else None,
             transport=transport.results.get(rail.name) if transport else None,
-            peers=peers.get(rail.name) if cfg.peers is not None else None))
+            peers=peers.get(rail.name) if cfg.peers is not None else None,
+            switch=switches.get(rail.name)))
     return rails
 
 

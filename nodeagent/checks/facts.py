@@ -27,7 +27,7 @@ from nodeagent.checks.port_health import ErrorRates
 from nodeagent.checks.traffic import TrafficTracker
 from nodeagent.model.kube import DevicePluginObservation, SlicesObservation
 from nodeagent.model.lustre import LustreObservation
-from nodeagent.model.network import RailObservation
+from nodeagent.model.network import Neighbour, RailObservation
 from nodeagent.model.peers import PeerProbe, PeerRef, TransportResult
 from nodeagent.model.rdma import (
     CongestionSample,
@@ -120,6 +120,18 @@ class CongestionSeen(Delivered):
     def without_rails(self, rails: Set[str]) -> CongestionSeen:
         return replace(self, samples={r: v for r, v in self.samples.items() if r not in rails},
                        skipped={r: v for r, v in self.skipped.items() if r not in rails})
+
+
+@dataclass(frozen=True)
+class LLDPSeen(Delivered):
+    """The switch port last heard on each rail, and when (monotonic)."""
+
+    heard: Mapping[str, tuple[Neighbour, float]]
+    unopened: Mapping[str, str] = field(default_factory=dict)  # rail -> why not listened on
+
+    def without_rails(self, rails: Set[str]) -> LLDPSeen:
+        return LLDPSeen({r: v for r, v in self.heard.items() if r not in rails},
+                        {r: v for r, v in self.unopened.items() if r not in rails})
 
 
 @dataclass(frozen=True)

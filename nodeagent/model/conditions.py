@@ -44,6 +44,9 @@ class ConditionType(Words):
     # retransmissions grow faster than their rate (part of FabricReady only with
     # `congestion.gate`). True = good, as every condition here: not "FabricCongested".
     FABRIC_NOT_CONGESTED = "FabricNotCongested"
+    # With an `lldp` section: each rail's switch port heard over LLDP, and its switch the
+    # one expected (part of FabricReady only with `lldp.gate`; no LLDP never counts).
+    RAIL_CABLING_VERIFIED = "RailCablingVerified"
 
 
 ROCE_NETWORK_READY = ConditionType.ROCE_NETWORK_READY
@@ -59,6 +62,7 @@ RDMA_PEERS_REACHABLE = ConditionType.RDMA_PEERS_REACHABLE
 NCCL_DEFAULT_GID_PINNED = ConditionType.NCCL_DEFAULT_GID_PINNED
 RDMA_RESOURCE_SLICES_READY = ConditionType.RDMA_RESOURCE_SLICES_READY
 FABRIC_NOT_CONGESTED = ConditionType.FABRIC_NOT_CONGESTED
+RAIL_CABLING_VERIFIED = ConditionType.RAIL_CABLING_VERIFIED
 
 
 @dataclass(frozen=True)

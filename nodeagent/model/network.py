@@ -142,3 +142,25 @@ class Drift:
     message: str
     repairable: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """What the switch port at a rail's other end says of itself in LLDP (IEEE 802.1AB):
+    its chassis and port (as their subtypes word them: a MAC as aa:bb:.., a name as is),
+    its system name and port description when it sends them."""
+
+    chassis_id: str
+    port_id: str
+    ttl: int  # seconds the switch says this holds
+    system_name: str | None = None
+    port_description: str | None = None
+
+    @property
+    def switch(self) -> str:
+        """How messages and labels name the switch: its system name, else its chassis."""
+        return self.system_name or self.chassis_id
+
+    @property
+    def port(self) -> str:
+        return self.port_description or self.port_id

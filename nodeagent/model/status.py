@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from nodeagent.model.conditions import FABRIC_READY, Finding
 from nodeagent.model.lustre import LustreProbeStatus
+from nodeagent.model.network import Neighbour
 from nodeagent.model.peers import PeerCard, PeerStats, TransportResult
 from nodeagent.model.rdma import PortHealth, RailCounters
 from nodeagent.model.words import Words
@@ -67,6 +68,8 @@ class RailStatus:
     # Seconds since its netdev moved to another network namespace (lent to a pod): while
     # lent, the rail is not checked, probed or repaired.
     lent_seconds: float | None = None
+    # With an lldp section: the switch port at its far end, while its LLDP holds.
+    switch: Neighbour | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -90,6 +93,11 @@ class RailStatus:
             out["repairs_total"] = dict(self.repairs_total)
         if self.lent_seconds is not None:
             out["lent_seconds"] = round(self.lent_seconds, 1)
+        if self.switch is not None:
+            s = self.switch
+            out["lldp"] = {"switch": s.switch, "port": s.port, "chassis_id": s.chassis_id,
+                           "port_id": s.port_id, "system_name": s.system_name,
+                           "port_description": s.port_description, "ttl": s.ttl}
         t = self.transport
         if t is not None:
             out["transport"] = {

@@ -118,6 +118,12 @@ def _congestion(sources: Sources, cfg: Config) -> SectionSource:
     return CongestionMonitor(cfg, sources.deliver)
 
 
+def _lldp(sources: Sources, cfg: Config) -> SectionSource:
+    from nodeagent.run.lldp import LLDPListener
+
+    return LLDPListener(cfg, sources.deliver)
+
+
 def _peers(sources: Sources, cfg: Config) -> SectionSource:
     from nodeagent.run.peers import PeerService
 
@@ -140,6 +146,7 @@ SECTIONS: dict[str, Section] = {
     "dra": Section(lambda c: c.dra is not None and c.kubernetes is not None, _dra),
     "peers": Section(lambda c: c.peers is not None, _peers),
     "congestion": Section(lambda c: c.congestion is not None, _congestion),
+    "lldp": Section(lambda c: c.lldp is not None, _lldp),
 }
 
 S = TypeVar("S")
