@@ -70,6 +70,7 @@ from nodeagent.model.conditions import (
     ConditionType,
     Finding,
 )
+from nodeagent.model.kube import label_value, switch_label
 from nodeagent.model.peers import PeerRef, PeerStats
 from nodeagent.model.status import RailStatus, Report
 
@@ -287,7 +288,14 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
 def judge_pass(cfg: Config, facts: Facts, errors: Sequence[str] = (),
                actions: Sequence[str] = ()) -> Report:
     """The report of one pass, from its facts alone (pure: judged twice, the same)."""
-    labels = facts.get(FingerprintSeen)
+    fingerprint = facts.get(FingerprintSeen)
+    rails = rail_statuses(cfg, facts)
+    labels = dict(fingerprint.labels) if fingerprint else {}
+    for rail in rails:  # each rail's switch, while its LLDP holds
+        key = switch_label(rail.name)
+        value = label_value(rail.switch.switch) if rail.switch is not None else None
+        if key is not None and value is not None:
+            labels[key] = value
     return Report(node=cfg.resolved_node_name(), findings=judge_all(cfg, facts),
                   actions=list(actions), errors=list(errors), gid_source=facts.gid_source,
-                  rails=rail_statuses(cfg, facts), labels=dict(labels.labels) if labels else {})
+                  rails=rails, labels=labels)

@@ -36,7 +36,7 @@ from nodeagent.kube.fields import text, timestamp
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import read_lease
 from nodeagent.model.conditions import FABRIC_READY
-from nodeagent.model.kube import FW_VERSION, HCA_TYPE
+from nodeagent.model.kube import FW_VERSION, HCA_TYPE, switches_of
 
 # `-o wide`: a column for every registered condition but FabricReady (the FABRIC column).
 COLUMNS = tuple(c for c in CONDITIONS if c.type != FABRIC_READY)
@@ -57,6 +57,7 @@ class FleetRow:
     flags: list[str] = field(default_factory=list)
     # rail -> its peers passing and probed, from the node's own probes (its Lease)
     peers: dict[str, PeerCount] = field(default_factory=dict)
+    switches: dict[str, str] = field(default_factory=dict)  # rail -> switch (LLDP, labels)
 
 
 _SHOWN = frozenset(c.type for c in CONDITIONS)
@@ -101,6 +102,7 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
         if row.capacity == 0 or row.allocatable == 0:
             row.flags.append("no-rdma")
         row.peers = counts.get(name, {})
+        row.switches = switches_of(node.labels)
         if name in suspect:
             row.flags.append("peer-suspect")
         changed = timestamp(since)
@@ -150,6 +152,7 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
     head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS"]
     if wide:
         head[3:3] = [c.column for c in COLUMNS]
+        head.append("SWITCHES")
     head.append("FLAGS")
     lines = [head]
     for r in rows:
@@ -161,6 +164,7 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
                 peers_text(r.peers, per_rail=wide)]
         if wide:
             line[3:3] = [_cell(r.conditions.get(c.type)) for c in COLUMNS]
+            line.append(",".join(f"{k}={v}" for k, v in sorted(r.switches.items())) or "-")
         line.append(",".join(r.flags) or "-")
         lines.append([printable(cell) for cell in line])  # names and reasons are not ours
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]

@@ -3,6 +3,7 @@ writes."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -31,6 +32,28 @@ LABEL_PREFIX = "nodeagent.io/"
 HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER = (f"{LABEL_PREFIX}rdma-{k}" for k in (
     "hca-type", "fw-version", "board-id", "driver"))
 FINGERPRINT_LABELS = (HCA_TYPE, FW_VERSION, BOARD_ID, DRIVER)
+# Each rail's switch, from LLDP: nodeagent.io/switch-<rail> = the switch's name.
+SWITCH_LABEL_PREFIX = f"{LABEL_PREFIX}switch-"
+_LABEL_TEXT = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def label_value(text: str) -> str | None:
+    """Text as a label value (63 characters of [A-Za-z0-9._-], alphanumeric at both ends;
+    other runs become '-'); None when nothing is left."""
+    value = _LABEL_TEXT.sub("-", text)[:63].strip("-._")
+    return value or None
+
+
+def switch_label(rail: str) -> str | None:
+    """The label key for a rail's switch; None for a rail name a key cannot carry."""
+    name = f"switch-{rail}"
+    return SWITCH_LABEL_PREFIX + rail if label_value(name) == name else None
+
+
+def switches_of(labels: Mapping[str, str]) -> dict[str, str]:
+    """Rail -> switch, from a Node's labels."""
+    return {k[len(SWITCH_LABEL_PREFIX):]: v for k, v in labels.items()
+            if k.startswith(SWITCH_LABEL_PREFIX)}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 from nodeagent.kube.nodeview import NodeCondition, NodeView
 from nodeagent.model.conditions import FABRIC_READY, ConditionType, Finding
-from nodeagent.model.kube import FINGERPRINT_LABELS
+from nodeagent.model.kube import FINGERPRINT_LABELS, SWITCH_LABEL_PREFIX
 from nodeagent.model.status import rfc3339
 
 CORDON_ANNOTATION = "nodeagent.io/cordoned"  # value: why the agent cordoned the node
@@ -215,8 +215,11 @@ def spec_changes(node: NodeView, taint: tuple[str, str] | None,
     if manage_cordon or CORDON_ANNOTATION in node.annotations:
         cordon = cordon_patch(node.unschedulable, node.annotations,
                               manage_cordon and want_cordon, reason)
-    relabel = (label_patch(node.labels, FINGERPRINT_LABELS, labels)
-               if labels is not None else {})
+    # Ours: the fingerprint's, and each rail's switch label (rails come and go: any key
+    # under the switch prefix, on the Node or wanted).
+    ours = [*FINGERPRINT_LABELS, *sorted(
+        {k for k in (*node.labels, *(labels or {})) if k.startswith(SWITCH_LABEL_PREFIX)})]
+    relabel = label_patch(node.labels, ours, labels) if labels is not None else {}
     taints = (desired_taints(node.taints, *taint, taint_value)
               if taint is not None else None)  # conditions only: no taint is ours
     return SpecChanges(taints, cordon, relabel)

@@ -430,6 +430,32 @@ def test_hardware_fingerprint_labels_follow_the_hardware(
                          for e in events(core, node)), what="the HardwareFingerprint Event")
 
 
+def test_each_rails_switch_label_follows_lldp_and_a_gone_rail_loses_its_own(
+    apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
+    publisher: Callable[..., Publisher],
+) -> None:
+    """nodeagent.io/switch-<rail>, through NodeRestriction and the admission policy: set,
+    moved when the rail's switch changes, removed when its rail no longer reports one; an
+    admin's other nodeagent.io/ label is left alone."""
+    node = fresh_node("node-a")
+    core.patch_node(node, {"metadata": {"labels": {"nodeagent.io/pool": "a"}}},
+                    _content_type=MERGE)
+    pub = publisher(node, lease_period=3600.0)
+
+    def node_labels() -> dict[str, str]:
+        found: dict[str, str] = node_json(core, node)["metadata"].get("labels") or {}
+        return found
+
+    both = {"nodeagent.io/switch-rail0": "leaf-07-r0", "nodeagent.io/switch-rail1": "leaf-07-r1"}
+    pub.submit(report(node, labels=both))
+    wait_for(lambda: all(node_labels().get(k) == v for k, v in both.items()), what="labels")
+    pub.submit(report(node, labels={"nodeagent.io/switch-rail0": "leaf-09-r0"}))
+    wait_for(lambda: node_labels().get("nodeagent.io/switch-rail0") == "leaf-09-r0",
+             what="rail0 recabled")
+    got = node_labels()
+    assert "nodeagent.io/switch-rail1" not in got and got["nodeagent.io/pool"] == "a"
+
+
 def plain_update(core: k8s.CoreV1Api, node: str,
                  change: Callable[[dict[str, Any]], None]) -> None:
     """What `kubectl taint` or an admin's script does without care: read, change, write back

@@ -79,6 +79,9 @@ def test_each_rails_switch_is_named_and_a_crossed_cable_is_miscabled(
         assert rail(agent_config, "rail0")["lldp"]["switch"] == "leaf-07-r0"
         assert rail(agent_config, "rail0")["lldp"]["port"] == "p0"
         assert "lldp" not in rail(agent_config, "rail1")
+        # The switch as a node label (the publisher puts the status' labels on the Node).
+        assert (status_of(agent_config) or {})["labels"] == {
+            "nodeagent.io/switch-rail0": "leaf-07-r0"}
         status, reason, message = cond(agent_config, "RailCablingVerified") or ("", "", "")
         assert (status, reason) == ("Unknown", "NoLLDPSeen"), message
         assert "rail1 r1: no LLDP seen" in message

@@ -100,3 +100,42 @@ def test_no_lldp_or_lldp_past_its_ttl_is_unknown_never_a_failure() -> None:
     f = cabling_finding(cfg(switch_name="*-r{n}"), heard, 200.0)
     assert (f.status, f.reason) == ("Unknown", "NoLLDPSeen")
     assert "rail0 r0: no LLDP seen" in f.message and "rail1 r1: no LLDP seen" in f.message
+
+
+def test_switch_names_as_node_labels() -> None:
+    from nodeagent.model.kube import label_value, switch_label, switches_of
+
+    assert label_value("leaf-07-r0") == "leaf-07-r0"
+    assert label_value("leaf 07/r0 (Arista)") == "leaf-07-r0-Arista"
+    assert label_value("\x1b[31m") == "31m" and label_value("///") is None
+    assert len(label_value("x" * 300) or "") == 63
+    assert switch_label("rail0") == "nodeagent.io/switch-rail0"
+    assert switch_label("rail/0") is None
+    assert switches_of({"nodeagent.io/switch-rail0": "leaf-07-r0", "team": "ml"}) == {
+        "rail0": "leaf-07-r0"}
+
+
+def test_a_stale_switch_label_is_removed_and_others_are_kept() -> None:
+    from nodeagent.kube.nodeview import read_node
+    from nodeagent.publish.node import spec_changes
+
+    node = read_node({"metadata": {"name": "n", "labels": {
+        "nodeagent.io/switch-rail0": "leaf-07-r0", "nodeagent.io/switch-rail9": "old",
+        "nodeagent.io/pool": "a"}}})
+    changes = spec_changes(node, None, None, False, False, "", {
+        "nodeagent.io/switch-rail0": "leaf-07-r0", "nodeagent.io/switch-rail1": "leaf-07-r1"})
+    assert changes.labels == {"nodeagent.io/switch-rail1": "leaf-07-r1",
+                              "nodeagent.io/switch-rail9": None}
+
+
+def test_fleet_wide_shows_each_rails_switch_from_the_nodes_labels() -> None:
+    from nodeagent.cli.fleet import fleet_rows, render_table
+
+    node = {"metadata": {"name": "gpu-01", "labels": {
+        "nodeagent.io/switch-rail1": "leaf-07-r1", "nodeagent.io/switch-rail0": "leaf-07-r0"}},
+        "status": {"conditions": [{"type": "FabricReady", "status": "True"}]}}
+    rows = fleet_rows([node], [], "rdma/x", "k", 0.0, 1.0, 1.0)
+    head, line = render_table(rows, 0.0, wide=True).splitlines()
+    assert "SWITCHES" in head.split()
+    assert "rail0=leaf-07-r0,rail1=leaf-07-r1" in line.split()
+    assert "SWITCHES" not in render_table(rows, 0.0).split()
