@@ -27,7 +27,7 @@ from nodeagent.run.work import Deliver
 
 REOPEN = 5.0
 MIN_GAP = 1.0  # seconds between deliveries
-REFRESH = 30.0  # what is still heard is delivered again this often (at most)
+REFRESH = 30.0  # what is still heard is delivered again this often (at most; MIN_GAP apart)
 SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_MULTICAST = 263, 1, 0
 
 
@@ -59,23 +59,25 @@ class LLDPListener(threading.Thread):
         self._unopened: dict[str, str] = {}  # rail -> why its socket cannot be opened
         self._delivered: tuple[tuple[dict[str, Neighbour], dict[str, str]], float] = (
             ({}, {}), 0.0)
+        self._reopen_at = 0.0  # the netdevs looked at again (a reload: at once)
 
     def stop(self) -> None:
         self._sel.halt()
 
     def reconfigure(self, cfg: Config) -> None:
         self.cfg = cfg
+        self._reopen_at = 0.0
         self._sel.poke()
 
     def run(self) -> None:
-        reopen_at = 0.0
         try:
             while not self._sel.halted:
                 now = self.clock()
-                if now >= reopen_at:
+                if now >= self._reopen_at:
+                    self._reopen_at = now + REOPEN
                     self._reconcile()
-                    reopen_at = now + REOPEN
-                for rail in self._sel.ready(max(0.0, min(reopen_at - now, MIN_GAP))):
+                wait = min(self._reopen_at - now, MIN_GAP)
+                for rail in self._sel.ready(max(0.0, wait)):
                     self._receive(rail)
                 self._maybe_deliver()
         finally:
@@ -129,6 +131,8 @@ class LLDPListener(threading.Thread):
 
     def _maybe_deliver(self) -> None:
         now = self.clock()
+        for rail in [r for r, (n, at) in self._heard.items() if now - at > n.ttl]:
+            del self._heard[rail]  # its TTL is over (0: the switch withdrew it)
         current = ({r: n for r, (n, _) in self._heard.items()}, dict(self._unopened))
         last, at = self._delivered
         # Again while it holds, well within its TTL: the judge ages what it was given.

@@ -139,3 +139,56 @@ def test_an_agent_without_cap_net_raw_says_so_instead_of_hearing_a_silent_switch
                         sys.executable, "-c", script).stdout
     assert out.strip() == "Unknown LLDPNotReadable rail0 r0: cannot listen for LLDP: " \
                           "no CAP_NET_RAW", out
+
+
+FLOOD = r'''
+import json, socket, time
+from nodeagent.config import parse_config
+from nodeagent.run.lldp import LLDPListener
+
+def tlv(kind, value):
+    return ((kind << 9) | len(value)).to_bytes(2, "big") + value
+
+def frame(name, ttl):
+    body = (tlv(1, b"\x07chassis") + tlv(2, b"\x05Eth1") + tlv(3, ttl.to_bytes(2, "big"))
+            + tlv(5, name) + tlv(0, b""))
+    return bytes.fromhex("0180c200000e02000000000188cc") + body
+
+cfg = parse_config({"rails": [{"name": "rail0", "interface": "r0",
+                               "address": "10.10.0.5/24"}], "lldp": {}})
+got = []
+listener = LLDPListener(cfg, lambda seen: got.append((time.monotonic(), seen)))
+listener.start()
+time.sleep(0.5)
+far = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+far.bind(("p0", 0))
+start = time.monotonic()
+sent = 0
+while time.monotonic() - start < 3.0:  # a hostile far end: a new "switch" every frame
+    far.send(frame(b"leaf-%d" % sent, 120))
+    sent += 1
+flood = len(got)
+time.sleep(0.5)  # the socket's queue drained (frames past its buffer were dropped)
+far.send(frame(b"leaf-bye", 0))  # a shutdown LLDPDU: TTL 0
+time.sleep(3.0)
+listener.stop()
+after = [seen for at, seen in got if at > start + 5.0]
+print(json.dumps({"sent": sent, "flood": flood, "total": len(got),
+                  "last": sorted(got[-1][1].heard), "late": len(after)}))
+'''
+
+
+def test_a_hostile_far_end_costs_at_most_a_delivery_a_second(rails_ns: Netns) -> None:
+    """Thousands of frames each naming a new switch, then a TTL-0 withdrawal: the loop is
+    handed at most one observation a second (each would be a pass), the withdrawn switch
+    is gone, and nothing keeps being delivered after it."""
+    import json
+
+    rails_ns.ip("link", "set", "r0", "up")  # the agent's job, here without the agent
+    ran = rails_ns.exec(sys.executable, "-c", FLOOD, check=False)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["sent"] > 1000, out
+    assert out["flood"] <= 5, out  # 3 s of flood (and the first at once)
+    assert out["last"] == [], out
+    assert out["late"] == 0, out
