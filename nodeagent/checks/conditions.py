@@ -182,7 +182,8 @@ def _slices(cfg: Config, facts: Facts) -> Finding:
 def _congestion(cfg: Config, facts: Facts) -> Finding:
     seen = facts.get(CongestionSeen)
     return congestion_finding(cfg, seen.samples if seen else None, seen.skipped if seen else {},
-                              seen.rates if seen else ErrorRates())
+                              seen.rates if seen else ErrorRates(),
+                              facts.now - seen.at if seen else 0.0)
 
 
 def _cabling(cfg: Config, facts: Facts) -> Finding:

@@ -31,13 +31,18 @@ def kind(counter: str) -> str:
 
 
 def congestion_finding(cfg: Config, samples: Mapping[str, CongestionSample] | None,
-                       skipped: Mapping[str, str], rates: ErrorRates) -> Finding:
+                       skipped: Mapping[str, str], rates: ErrorRates,
+                       age: float = 0.0) -> Finding:
+    """`age`: seconds since the samples were read (a read that hangs stops the source)."""
     problems = Problems(FABRIC_NOT_CONGESTED)
     section = cfg.congestion
     if section is None:
         return problems.finding("NotConfigured", "no congestion section configured")
     if not cfg.rails:
         return problems.finding("NotConfigured", "no rails configured")
+    if samples is not None and age > 2 * section.interval + 10:
+        return Finding(FABRIC_NOT_CONGESTED, "Unknown", NOT_MEASURED,
+                       f"counters last read {age:.0f} s ago (a read stuck?)")
     fine: list[str] = []
     for rail in cfg.rails:
         sample = (samples or {}).get(rail.name)

@@ -155,3 +155,17 @@ def test_a_bad_congestion_section_is_one_line(section: dict[str, Any], words: st
     with pytest.raises(ConfigError) as err:
         config(**section)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_counters_not_read_for_long_are_unknown_not_a_stale_pass(tmp_path: Path) -> None:
+    """The source's reads are not bounded (a wedged sysfs read stops it): the judge ages
+    what it has instead of passing on it forever."""
+    cfg = config()
+    port(tmp_path)
+    sample = read_congestion(tmp_path, "mlx5_bond_0", 1, "nodeagent-none0", cfg.congestion.rates)
+    seen = CongestionSeen({"rail0": sample}, {}, 0.0, 60.0).after(None)
+    fresh = congestion_finding(cfg, seen.samples, {}, seen.rates, age=29.0)
+    stale = congestion_finding(cfg, seen.samples, {}, seen.rates, age=31.0)
+    assert fresh.status == "True"
+    assert (stale.status, stale.reason) == ("Unknown", "CongestionNotMeasured")
+    assert stale.message == "counters last read 31 s ago (a read stuck?)"
