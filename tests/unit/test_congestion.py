@@ -93,7 +93,7 @@ def test_a_counter_over_its_rate_names_what_the_path_does(
 
 def test_a_pause_storm_is_named_from_the_netdevs_counters(tmp_path: Path) -> None:
     """The per-priority pause counters are the netdev's; the judge takes them by name
-    whatever their source (the ethtool read itself: tests/netns/test_congestion.py)."""
+    whatever their source (the ethtool read itself: tests/netns/test_congestion_daemon.py)."""
     cfg = config(rates={"rx_prio3_pause": 100})
     rates_seen: CongestionSeen | None = None
     for i, value in enumerate([0, 5_000, 10_000]):
