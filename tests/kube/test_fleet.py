@@ -123,8 +123,9 @@ def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], t
     # A column per registered condition, in the registry's order (FabricReady has its own).
     columns = [c.column for c in CONDITIONS if c is not FABRIC]
     assert lines[0].split() == ["NODE", "FABRIC", "REASON", *columns, "TAINT", "SINCE",
-                                "HEARTBEAT", "RDMA", "PEERS", "FLAGS"]
-    assert {"NCCL", "DRA"} <= set(columns)  # the newest conditions, derived like the rest
+                                "HEARTBEAT", "RDMA", "PEERS", "SWITCHES", "FLAGS"]
+    # the newest conditions, derived like the rest
+    assert {"NCCL", "DRA", "CONGESTION", "CABLING"} <= set(columns)
     flagged = [line.split()[0] for line in lines[1:5]]
     assert sorted(flagged) == ["fleet-1", "fleet-2", "fleet-3", "fleet-4"]
     row1 = next(line for line in lines if line.startswith("fleet-1 "))

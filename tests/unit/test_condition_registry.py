@@ -26,7 +26,8 @@ def test_every_type_is_registered_once_and_every_entry_is_well_formed() -> None:
     assert len(set(CONDITION_TYPES)) == len(CONDITION_TYPES)
     columns = [c.column for c in CONDITIONS]
     assert len(set(columns)) == len(columns), "two conditions share a fleet column"
-    fixed = {"NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS", "FLAGS"}
+    fixed = {"NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS",
+             "SWITCHES", "FLAGS"}
     assert not {c.column for c in COLUMNS} & fixed, "a condition column hides a fixed one"
     for c in CONDITIONS:
         if c.section is not None:
