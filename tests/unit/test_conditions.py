@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent.checks.conditions import CONDITIONS, judge_all, judge_pass
@@ -22,6 +22,7 @@ problem = st.builds(Problem, reason=st.sampled_from(["A", "B", "C"]),
                     message=st.text(min_size=1, max_size=5), unknown=st.booleans())
 
 
+@settings(deadline=None)  # a property, not a timing: no deadline under a loaded CI
 @given(st.lists(problem, max_size=6))
 def test_the_fold_never_lets_status_and_reason_disagree(found: list[Problem]) -> None:
     """False iff a failure was found, its reason the first failure's; Unknown with the
