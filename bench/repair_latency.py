@@ -9,9 +9,11 @@ Goals: p99 <= 20 ms; agent within 1.5x of the bare loop.
 --busy N starts N busy processes per core for the whole run, so the agent and the bare loop
 meet the same load (a training node's cores are taken: data loaders, NCCL's proxy threads);
 --nice K runs both the agent and the bare loop at that niceness (what a unit's Nice= or a
-pod's priority can buy). Each side's CPU time per deletion is printed (from /proc).
+pod's priority can buy). Each side's CPU time per deletion is printed (from /proc), with
+the agent's passes per deletion: one pass verifies the deletions of a burst, so --gap S
+(seconds between deletions, default 0.01) shows an isolated deletion's cost with S > 0.2.
 Usage: sudo .venv/bin/python bench/repair_latency.py [--count N] [--rails N --position K]
-       [--busy N] [--nice K]
+       [--busy N] [--nice K] [--gap S]
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ def main() -> None:
                     help="which of them is deleted from (scale: does a rail's place cost?)")
     ap.add_argument("--busy", type=int, default=0, help="busy processes per core")
     ap.add_argument("--nice", type=int, default=0, help="the agent's and the bare loop's")
+    ap.add_argument("--gap", type=float, default=0.01,
+                    help="seconds between one repair and the next deletion")
     ap.add_argument("--first", type=int, default=0, metavar="N",
                     help="instead: N starts, each timing the first repair right after the "
                     "first healthy status, then one 3 s later")
@@ -146,9 +150,11 @@ def main() -> None:
     try:
         daemon = start_daemon(tmp, data, args.nice)
         try:
-            before = cpu_seconds(daemon.pid)
-            agent = drive(rail, args.count)
+            before, passes = cpu_seconds(daemon.pid), passes_of(tmp)
+            agent = drive(rail, args.count, gap=args.gap)
+            time.sleep(0.3)  # the pass that verifies the last burst
             agent_cpu = cpu_seconds(daemon.pid) - before
+            passes = passes_of(tmp) - passes
         finally:
             print(f"daemon exit: {end(daemon)}")
         bare = subprocess.Popen([sys.executable, str(Path(__file__).parent / "bare_repair.py"),
@@ -159,7 +165,7 @@ def main() -> None:
         try:
             assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
             before = cpu_seconds(bare.pid)
-            reference = drive(rail, args.count)
+            reference = drive(rail, args.count, gap=args.gap)
             bare_cpu = cpu_seconds(bare.pid) - before
         finally:
             bare.kill()
@@ -172,7 +178,8 @@ def main() -> None:
     print(f"load: {args.busy} busy process(es) per core; niceness {args.nice}")
     print(f"CPU per deletion: agent {agent_cpu / deletions * 1000:.2f} ms, bare loop "
           f"{bare_cpu / deletions * 1000:.2f} ms "
-          f"({agent_cpu / bare_cpu if bare_cpu else float('inf'):.1f}x)")
+          f"({agent_cpu / bare_cpu if bare_cpu else float('inf'):.1f}x); the agent's passes "
+          f"per deletion {passes / deletions:.2f} (gap {args.gap:g} s)")
     print(f"repair latency: deletion -> restored (netlink events), {args.count} each; an "
           "address is restored when it and the two routes the kernel dropped with it are back")
     for kind in agent:
@@ -215,9 +222,14 @@ def present(ipr: Any, rail: dict[str, Any], kind: str) -> bool:
     return any(a.get_attr("IFA_ADDRESS") == ip_ for a in ipr.get_addr(family=socket.AF_INET))
 
 
+def passes_of(tmp: Path) -> int:
+    """The daemon's passes so far (its status file)."""
+    return int(json.loads((tmp / "run" / "status.json").read_text())["daemon"]["passes"])
+
+
 def drive(rail: dict[str, Any], count: int,
           kinds: tuple[str, ...] = ("address", "rule", "default route"),
-          ) -> dict[str, list[float]]:
+          gap: float = 0.01) -> dict[str, list[float]]:
     """Deletes the rail's address, rule and default route in turn, `count` times each,
     and times each until the kernel announces everything it took back. A deletion that
     cannot be made (the thing is not there yet) waits for it; a repair never seen is
@@ -241,7 +253,7 @@ def drive(rail: dict[str, Any], count: int,
                 deadline = time.monotonic() + 5
                 while not present(ipr, rail, kind) and time.monotonic() < deadline:
                     time.sleep(0.01)
-                time.sleep(0.01)  # let the previous repair's own events settle
+                time.sleep(gap)  # let the previous repair's own events settle
                 events.drain()
                 try:
                     t0 = time.perf_counter()

@@ -118,6 +118,15 @@ class RepairGuard:
                 )
                 self._paused[rail] = (now + self.backoff, why)
 
+    def room(self, now: float, rail: str) -> int:
+        """How many more repairs of any one kind the rail may have within the window
+        before the guard pauses it (0 while paused): what may be repaired without asking."""
+        if self.paused(now, rail) is not None:
+            return 0
+        counts = [sum(1 for t in times if t > now - self.window)
+                  for (name, _), times in self._repairs.items() if name == rail]
+        return max(0, self.max_repairs - max(counts, default=0))
+
     def resumes_at(self) -> float | None:
         return min((until for until, _ in self._paused.values()), default=None)
 

@@ -152,7 +152,8 @@ def _ipr() -> Any:
 
 def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
     from nodeagent.checks.facts import LustreSeen
-    from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
+    from nodeagent.remedies.repairs import Repairs
+    from nodeagent.run.evaluate import Evaluator, fabric_pass
     from nodeagent.run.sources import look_once
 
     cfg = _load(args.config)

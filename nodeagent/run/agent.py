@@ -28,8 +28,10 @@ from nodeagent.model.lustre import LustreProbeStatus
 from nodeagent.model.network import EventKind, KernelEvent
 from nodeagent.model.status import DaemonRun, DaemonState, Report, Status
 from nodeagent.publish.status import DaemonLock, write_status
+from nodeagent.remedies.repairs import Repairs
 from nodeagent.run.discovery import own_card
-from nodeagent.run.evaluate import Evaluator, Repairs, fabric_pass
+from nodeagent.run.evaluate import Evaluator, fabric_pass
+from nodeagent.run.fastlane import FastLane
 from nodeagent.run.rails import RailHistory
 from nodeagent.run.reload import ConfigReloader
 from nodeagent.run.sources import Sources
@@ -49,6 +51,10 @@ from nodeagent.run.work import (
 log = logging.getLogger(__name__)
 
 SWITCH_INTERVAL = 0.0005  # seconds
+# A pass after events waits until they have been quiet this long (at most SETTLE_MAX after
+# the first): well under the second a taint may take, long enough for a burst to be one.
+SETTLE = 0.02
+SETTLE_MAX = 0.2
 
 
 def summary(report: Report) -> str:
@@ -112,6 +118,7 @@ class Agent:
         self.notifier = Notifier()
         self.reloader = ConfigReloader(reload, self.work.put)
         self.sources = Sources(self.work.put, self.store.own_rdma)
+        self.fast = FastLane()  # deletions repaired on the netlink thread
         self.record = PassRecord()
 
     # ------------------------------------------------------------ configuration
@@ -132,6 +139,7 @@ class Agent:
         cfg = self.reloader.accepted(got, self.cfg)
         if cfg is None:
             return
+        self.fast.aim(None, {}, {})  # no repair by the old plan: the next pass makes one
         previous = self.cfg
         try:
             self._configure(cfg)
@@ -208,7 +216,8 @@ class Agent:
         Whatever is taken off the queue goes to the loop next, in order."""
         for item in self.work.take_all():
             repaired = False
-            if isinstance(item, NetlinkEvent) and item.event.deletion is not None:
+            if isinstance(item, NetlinkEvent) and item.event.deletion is not None \
+                    and item.repaired is None:
                 hit = self.rails_for(item.event)
                 if hit:
                     self.repair_from_event(item.event, hit, self._early)
@@ -221,9 +230,31 @@ class Agent:
         self.record.last_report = report
         self.store.lent.keep(self.cfg, self.clock)  # a rail seen here again is not lent
         self.sources.aim(self.evaluator.aim())
+        self._aim_fast_lane()
         self.take_urgent()
         self._publish(report, submit=True)
         return report
+
+    def _aim_fast_lane(self) -> None:
+        """What the netlink thread may repair until the next pass: the rails the agent
+        manages and may repair now (not paused, not lent), on their links as just seen,
+        within the guard's room."""
+        assert self.evaluator is not None
+        now, paused = self.clock(), self.evaluator.paused()
+        links = {name: index for name, rail in self.evaluator.rails.items()
+                 if self.cfg.manages(rail) and name not in paused
+                 and name not in self.store.lent
+                 and (index := self.evaluator.ifindex(name)) is not None}
+        self.fast.aim(self.cfg, links, {n: self.history.guard.room(now, n) for n in links})
+
+    def _fast_repaired(self, repaired: Repairs, early: Repairs) -> None:
+        """A fast-lane repair, taken by the loop: counted (and fed to the guard), reported
+        by the next pass, whose probe verifies it."""
+        assert self.evaluator is not None
+        self.fast.taken.update(repaired.done.keys())
+        self.evaluator.after_repairs(repaired)
+        self.evaluator.count(repaired)
+        early.merge(repaired)
 
     def _pass(self, evaluator: Evaluator, rails: set[str] | None, early: Repairs) -> Report:
         started = time.perf_counter()
@@ -311,7 +342,7 @@ class Agent:
 
     def run(self) -> int:
         self.sources.start_outputs(self.cfg)
-        self.sources.start_netlink(self.cfg)
+        self.sources.start_netlink(self.cfg, self.fast)
         with IPRoute() as ipr:
             self.evaluator = Evaluator(self.cfg, ipr, store=self.store, clock=self.clock)
             self.store.lent.load(self.cfg, self.clock)
@@ -354,13 +385,23 @@ class Agent:
                 continue  # woke only to ping the watchdog
             plan = self._timer_plan(next_resync) if got is None else Plan()
             early, self._early = self._early, Repairs()  # repaired from events already
-            while got is not None:  # drain what else is queued: one pass serves a burst
-                self._take(*got, plan, early)
-                got = self.work.next(0.0)
+            self._gather(got, plan, early)
             if self._stopping:
                 break
             if self._act(plan, early):
                 next_resync = self.clock() + self.cfg.resync_interval
+
+    def _gather(self, got: tuple[Work, bool] | None, plan: Plan, early: Repairs) -> None:
+        """What is queued, into the plan; when events touched rails, what follows them
+        until they settle too: one pass verifies a burst (a deletion, the kernel's own
+        follow-ups and the echoes of its repair; a fight's many), not one pass each. The
+        repairs themselves never wait: the fast lane and _take made them already."""
+        last = time.monotonic() + SETTLE_MAX
+        while got is not None:
+            self._take(*got, plan, early)
+            got = self.work.next(0.0)
+            if got is None and plan.rails and not plan.full and not self._stopping:
+                got = self.work.next(max(0.0, min(SETTLE, last - time.monotonic())))
 
     def _timer_plan(self, next_resync: float) -> Plan:
         """Woken by time alone: the resync, the ports' turn, or a flap dwell or repair
@@ -392,7 +433,9 @@ class Agent:
                     self.sources.netlink.resync_pending.clear()  # later overflows: a new one
             case NetlinkEvent():
                 hit = self.rails_for(item.event)
-                if hit and not repaired:
+                if item.repaired is not None:
+                    self._fast_repaired(item.repaired, early)
+                elif hit and not repaired:
                     self.repair_from_event(item.event, hit, early)
                 plan.rails |= hit
             case NodeChanged():

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.checks.conditions import judge_pass
@@ -30,7 +30,6 @@ from nodeagent.checks.network import deletion_drift, rail_drift
 from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.files import descriptor_faults
-from nodeagent.io.systemd import RAIL
 from nodeagent.model.conditions import ROCE_NETWORK_READY
 from nodeagent.model.network import GID_AFFECTING, Deletion
 from nodeagent.model.peers import RailEndpoint, Targets
@@ -43,7 +42,8 @@ from nodeagent.probes.netlink import observe_rails
 from nodeagent.probes.port import read_port_health
 from nodeagent.probes.qp import read_qps
 from nodeagent.remedies.gid import plan_repin, repin
-from nodeagent.remedies.network import Action, execute, plan_rail
+from nodeagent.remedies.network import execute, plan_rail
+from nodeagent.remedies.repairs import Repairs
 from nodeagent.run.rails import RailIndex
 from nodeagent.run.store import FactStore, PinKeeper, RepinSchedule
 from nodeagent.run.work import Aim
@@ -57,32 +57,6 @@ COUNTERS_EVERY = 1.0  # seconds: event-driven passes in a burst share one counte
 SETTLE_READS = 5
 SETTLE_GAP = 0.02
 WATCH_WHILE_GONE = 16  # at most this many low slots watched for a rail whose GIDs are gone
-
-
-@dataclass
-class Repairs:
-    done: dict[str, list[Action]] = field(default_factory=dict)  # rail -> ran (or planned)
-    errors: list[str] = field(default_factory=list)
-    other: list[str] = field(default_factory=list)  # repairs outside the rails (remounts)
-
-    def texts(self) -> list[str]:
-        return [a.text for acts in self.done.values() for a in acts] + self.other
-
-    def record(self, rail: str, done: list[Action], errors: list[str]) -> None:
-        """What ran on a rail (logged as repaired) and what failed (logged as errors)."""
-        self.errors.extend(errors)
-        for line in errors:
-            log.error("%s", line)
-        if done:
-            self.done[rail] = done
-            for a in done:
-                log.info("repaired %s", a.text, extra={RAIL: rail})
-
-    def merge(self, other: Repairs) -> None:
-        for name, actions in other.done.items():
-            self.done.setdefault(name, []).extend(actions)
-        self.errors.extend(other.errors)
-        self.other.extend(other.other)
 
 
 Hook = Callable[[], None]
@@ -271,10 +245,10 @@ class Evaluator:
             out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
         if out.done and not dry_run:
             self._observe(self.rails[n] for n in out.done)
-            self._after_repairs(out)
+            self.after_repairs(out)
         return out
 
-    def _after_repairs(self, repairs: Repairs) -> None:
+    def after_repairs(self, repairs: Repairs) -> None:
         if any(a.kind in GID_AFFECTING for acts in repairs.done.values() for a in acts):
             self.mark_gid_stale()  # the kernel follows a changed address with its GIDs
 
@@ -295,7 +269,7 @@ class Evaluator:
             actions = plan_rail(self.cfg, rail, ifindex, drift) if drift else []
             if actions:
                 out.record(name, *execute(self.ipr, self.cfg.paths.procfs, self.rails, actions))
-        self._after_repairs(out)
+        self.after_repairs(out)
         self.count(out)
         return out
 

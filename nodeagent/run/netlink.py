@@ -23,7 +23,10 @@ from pyroute2.netlink.rtnl import (
     RTMGRP_LINK,
 )
 
+from nodeagent.model.network import KernelEvent
 from nodeagent.probes.netlink import kernel_event
+from nodeagent.remedies.repairs import Repairs
+from nodeagent.run.fastlane import FastLane
 from nodeagent.run.work import Deliver, EventsLost, NetlinkEvent
 
 log = logging.getLogger(__name__)
@@ -34,13 +37,14 @@ GROUPS = (
 
 
 class NetlinkMonitor(threading.Thread):
-    """The netlink source: blocks on rtnetlink multicast and delivers every message; never
-    raises."""
+    """The netlink source: blocks on rtnetlink multicast and delivers every message (a
+    deletion the fast lane repaired with what it did); never raises."""
 
-    def __init__(self, deliver: Deliver, rcvbuf: int) -> None:
+    def __init__(self, deliver: Deliver, rcvbuf: int, fast: FastLane | None = None) -> None:
         super().__init__(name="netlink-monitor", daemon=True)
         self.deliver = deliver
         self.rcvbuf = rcvbuf
+        self.fast = fast
         self._halt = threading.Event()
         self.ready = threading.Event()
         # One queued resync serves any number of overflows: a storm of ENOBUFS (tens of
@@ -57,8 +61,20 @@ class NetlinkMonitor(threading.Thread):
             self.deliver(EventsLost())
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            if self.fast is not None:
+                self.fast.close()
+
+    def _run(self) -> None:
         self._overflows, self._last_log = 0, 0.0
         missed = False  # events were lost before this socket listened
+        if self.fast is not None:
+            try:
+                self.fast.open()
+            except Exception as exc:  # the loop repairs instead; it says why if it fails too
+                log.warning("netlink: no socket for repairs on this thread (%s)", exc)
         while not self._halt.is_set():
             ipr = None
             try:
@@ -105,8 +121,19 @@ class NetlinkMonitor(threading.Thread):
                     self._resync()
                     continue
                 if event is not None:
-                    self.deliver(NetlinkEvent(event))
+                    self.deliver(NetlinkEvent(event, self._repair(event)))
         return False
+
+
+    def _repair(self, event: KernelEvent) -> Repairs | None:
+        if self.fast is None or event.deletion is None:
+            return None
+        try:
+            return self.fast.repair(event.deletion)
+        except Exception as exc:  # never lose the event: the loop repairs it instead
+            log.error("netlink: the fast repair of a deletion failed (%s); the loop repairs",
+                      exc)
+            return None
 
 
 def _close(ipr: Any) -> None:

@@ -23,6 +23,7 @@ from nodeagent.checks.facts import (
 from nodeagent.config import Config
 from nodeagent.publish.publisher import Publisher
 from nodeagent.run.custom import CustomChecksMonitor
+from nodeagent.run.fastlane import FastLane
 from nodeagent.run.gidwatch import GidSlotWatcher
 from nodeagent.run.lustre import LustreMonitor
 from nodeagent.run.netlink import NetlinkMonitor
@@ -194,8 +195,8 @@ class Sources:
                 on_change=lambda: self.deliver(NodeChanged()))
             self._start(self.publisher)
 
-    def start_netlink(self, cfg: Config) -> NetlinkMonitor:
-        self.netlink = NetlinkMonitor(self.deliver, cfg.netlink_rcvbuf)
+    def start_netlink(self, cfg: Config, fast: FastLane | None = None) -> NetlinkMonitor:
+        self.netlink = NetlinkMonitor(self.deliver, cfg.netlink_rcvbuf, fast)
         self._start(self.netlink)
         self.netlink.ready.wait(timeout=5.0)
         return self.netlink

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from nodeagent.config import Config
     from nodeagent.model.network import KernelEvent
     from nodeagent.model.peers import Targets
+    from nodeagent.remedies.repairs import Repairs
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,11 @@ class Source(Protocol):
 
 @dataclass(frozen=True)
 class NetlinkEvent:
-    """One rtnetlink message about links, addresses, routes or rules, typed."""
+    """One rtnetlink message about links, addresses, routes or rules, typed; with what the
+    fast lane repaired of a deletion (None: nothing, the loop decides)."""
 
     event: KernelEvent
+    repaired: Repairs | None = None
 
 
 @dataclass(frozen=True)

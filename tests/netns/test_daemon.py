@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -215,6 +216,31 @@ def test_two_writers_fighting_makes_the_agent_back_off(
     assert rails_ns.link("r1")["mtu"] == 1500
     rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0")
     wait_for(lambda: rails_ns.addresses("r0") == ["10.10.0.5/24"], what="rail0 still repaired")
+    assert stop_daemon(proc)[0] == 0
+
+
+def test_a_fight_over_deletions_is_backed_off_after_exactly_as_many_repairs(
+    rails_ns: Netns, daemon_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Deletions are repaired on the netlink thread, before the loop counts them: the
+    guard must still stop the fight at max_repairs + 1 repairs, not at whatever the
+    netlink thread repaired before the loop caught up (its room is the guard's, less
+    what is on its way). The deletions come faster than one pass a burst."""
+    daemon_config["repair_guard"] = {"max_repairs": 3, "window": "30s", "backoff": "1h"}
+    proc = start(rails_ns, daemon_config, tmp_path / "c.yaml")
+    for _ in range(12):
+        rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0", check=False)
+        time.sleep(0.005)
+    wait_for(lambda: cond(daemon_config, "RoCENetworkReady")[1] == "ManagedElsewhere",  # type: ignore[index]
+             what="ManagedElsewhere")
+    message = cond(daemon_config, "RoCENetworkReady")[2]  # type: ignore[index]
+    assert re.match(r"rail0 r0: (AddressMissing|RouteMissing) repaired 4 times in 30s", message)
+    rail0 = next(r for r in status_of(daemon_config)["rails"]  # type: ignore[index]
+                 if r["name"] == "rail0")
+    assert rail0["repairs_total"]["AddressMissing"] == 4, rail0["repairs_total"]
+    rails_ns.ip("addr", "del", "10.10.0.5/24", "dev", "r0", check=False)
+    time.sleep(0.3)
+    assert rails_ns.addresses("r0") == []  # backed off: a deletion now stays
     assert stop_daemon(proc)[0] == 0
 
 
