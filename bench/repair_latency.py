@@ -12,13 +12,18 @@ meet the same load (a training node's cores are taken: data loaders, NCCL's prox
 pod's priority can buy). Each side's CPU time per deletion is printed (from /proc), with
 the agent's passes per deletion: one pass verifies the deletions of a burst, so --gap S
 (seconds between deletions, default 0.01) shows an isolated deletion's cost with S > 0.2.
+--cgroup SYSTEM:PODS puts the agent (and then the bare loop) in one CPU cgroup and the busy
+processes in a sibling, with those weights (cgroup v2 cpu.weight, or v1 cpu.shares scaled
+as systemd does): on a node, the unit's slice against kubepods.slice, whose weight the
+kubelet sets from the node's CPUs (e.g. 100:5000 for system.slice on a 128-core node).
 Usage: sudo .venv/bin/python bench/repair_latency.py [--count N] [--rails N --position K]
-       [--busy N] [--nice K] [--gap S]
+       [--busy N] [--nice K] [--gap S] [--cgroup SYSTEM:PODS]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
@@ -88,19 +93,83 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def busy_load(per_core: int) -> list[subprocess.Popen[bytes]]:
+def busy_load(per_core: int, cgroup: Path | None = None) -> list[subprocess.Popen[bytes]]:
     """per_core spinning processes for each core (niceness 0, like a job's threads)."""
     spin = [sys.executable, "-c", "while True: pass"]
-    return [subprocess.Popen(spin) for _ in range(per_core * (os.cpu_count() or 1))]
+    return [subprocess.Popen(spin, preexec_fn=joiner(cgroup))
+            for _ in range(per_core * (os.cpu_count() or 1))]
 
 
-def start_daemon(tmp: Path, data: dict[str, Any], nice: int = 0) -> subprocess.Popen[bytes]:
+class CpuGroups:
+    """Two sibling CPU cgroups made for the run (v2 where the cpu controller is on, else
+    v1's cpu hierarchy), removed after it: `system` for the agent and the bare loop,
+    `pods` for the load."""
+
+    def __init__(self, weights: str, tmp: Path) -> None:
+        system, pods = (int(w) for w in weights.split(":"))
+        # `ip netns exec` mounts a fresh /sys without the cgroup file systems: mount the
+        # cpu hierarchy again (the same one) in this mount namespace.
+        self.mount = tmp / "cpu-cgroup"
+        self.mount.mkdir()
+        if subprocess.run(["mount", "-t", "cgroup", "-o", "cpu", "cgroup", str(self.mount)],
+                          capture_output=True).returncode == 0:
+            root, knob, scale = self.mount, "cpu.shares", 10.24  # systemd: w * 1024 / 100
+        else:
+            subprocess.run(["mount", "-t", "cgroup2", "cgroup2", str(self.mount)], check=True)
+            root, knob, scale = self.mount, "cpu.weight", 1.0
+            (root / "cgroup.subtree_control").write_text("+cpu")
+        self.system = root / f"nodeagent-bench-system-{os.getpid()}"
+        self.pods = root / f"nodeagent-bench-pods-{os.getpid()}"
+        # The bench itself times the repairs from its own netlink events: in a group of
+        # the highest weight, so its wake-ups are not what is measured.
+        self.driver = root / f"nodeagent-bench-driver-{os.getpid()}"
+        for group, weight in ((self.system, system), (self.pods, pods), (self.driver, 10000)):
+            group.mkdir()
+            (group / knob).write_text(str(round(weight * scale)))
+        self.root = root
+        (self.driver / "cgroup.procs").write_text(str(os.getpid()))
+        self.text = f"{knob} {system}:{pods} (system:pods, as CPUWeight)"
+
+    def remove(self) -> None:
+        (self.root / "cgroup.procs").write_text(str(os.getpid()))
+        for group in (self.system, self.pods, self.driver):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        subprocess.run(["umount", str(self.mount)], check=False)
+
+
+def joiner(cgroup: Path | None) -> Callable[[], None] | None:
+    """A preexec_fn that moves the child into the cgroup (None: stays where it is)."""
+    if cgroup is None:
+        return None
+
+    def join() -> None:
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+    return join
+
+
+def prepare(nice: int, cgroup: Path | None) -> Callable[[], None] | None:
+    """A preexec_fn: the niceness, then the cgroup."""
+    if not nice and cgroup is None:
+        return None
+    join = joiner(cgroup)
+
+    def run() -> None:
+        if nice:
+            os.nice(nice)
+        if join is not None:
+            join()
+    return run
+
+
+def start_daemon(tmp: Path, data: dict[str, Any], nice: int = 0,
+                 cgroup: Path | None = None) -> subprocess.Popen[bytes]:
     (tmp / "c.yaml").write_text(yaml.safe_dump(data))
     log = open(tmp / "daemon.log", "w")  # noqa: SIM115
     daemon = subprocess.Popen([sys.executable, "-m", "nodeagent", "run", "--config",
                                str(tmp / "c.yaml"), "--log-level", "WARNING"],
                               stdout=log, stderr=subprocess.STDOUT,
-                              preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                              preexec_fn=prepare(nice, cgroup))
     status = tmp / "run" / "status.json"
     # This daemon's own healthy status: after a restart the last one's file still says ok
     # (which made the first repair after a start look 250 ms slow: it was the start).
@@ -131,6 +200,8 @@ def main() -> None:
                     help="which of them is deleted from (scale: does a rail's place cost?)")
     ap.add_argument("--busy", type=int, default=0, help="busy processes per core")
     ap.add_argument("--nice", type=int, default=0, help="the agent's and the bare loop's")
+    ap.add_argument("--cgroup", metavar="SYSTEM:PODS",
+                    help="the agent's and the load's CPU cgroup weights (as CPUWeight=)")
     ap.add_argument("--gap", type=float, default=0.01,
                     help="seconds between one repair and the next deletion")
     ap.add_argument("--first", type=int, default=0, metavar="N",
@@ -146,9 +217,11 @@ def main() -> None:
     if args.first:
         first_repairs(tmp, data, rail, args.first)
         return
-    load = busy_load(args.busy) if args.busy else []
+    groups = CpuGroups(args.cgroup, tmp) if args.cgroup else None
+    system = groups.system if groups else None
+    load = busy_load(args.busy, groups.pods if groups else None) if args.busy else []
     try:
-        daemon = start_daemon(tmp, data, args.nice)
+        daemon = start_daemon(tmp, data, args.nice, system)
         try:
             before, passes = cpu_seconds(daemon.pid), passes_of(tmp)
             agent = drive(rail, args.count, gap=args.gap)
@@ -161,7 +234,7 @@ def main() -> None:
                                  rail["interface"], rail["address"], str(rail["table"]),
                                  str(rail["rule_priority"]), rail["gateway"]],
                                 stdout=subprocess.PIPE, text=True,
-                                preexec_fn=(lambda: os.nice(args.nice)) if args.nice else None)
+                                preexec_fn=prepare(args.nice, system))
         try:
             assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
             before = cpu_seconds(bare.pid)
@@ -174,8 +247,11 @@ def main() -> None:
         for spinner in load:
             spinner.kill()
             spinner.wait()
+        if groups is not None:
+            groups.remove()
     deletions = 3 * args.count
-    print(f"load: {args.busy} busy process(es) per core; niceness {args.nice}")
+    print(f"load: {args.busy} busy process(es) per core; niceness {args.nice}; "
+          f"{groups.text if groups else 'one CPU cgroup'}")
     print(f"CPU per deletion: agent {agent_cpu / deletions * 1000:.2f} ms, bare loop "
           f"{bare_cpu / deletions * 1000:.2f} ms "
           f"({agent_cpu / bare_cpu if bare_cpu else float('inf'):.1f}x); the agent's passes "

@@ -22,6 +22,7 @@ VENV = "/opt/nodeagent/venv/bin"
 ROOT = Path(__file__).resolve().parents[2]
 GUEST = ROOT / "tests" / "lab" / "guest"  # the helper scripts, copied to /root/guest
 UNIT = ROOT / "units" / "nodeagent.service"
+SLICE = ROOT / "units" / "nodeagent.slice"
 
 
 def sysfs_gids(vm: VM, device: str) -> dict[int, str]:
@@ -154,9 +155,11 @@ def ensure_agent(vm: VM) -> None:
     """The agent installed the way a host gets it: a wheel into /opt/nodeagent/venv
     (--system-site-packages: the distro's pyverbs), the unit in /etc/systemd/system."""
     if vm.ssh("test -x /opt/nodeagent/venv/bin/nodeagent && "
-              "test -e /etc/systemd/system/nodeagent.service", check=False).returncode == 0:
+              "test -e /etc/systemd/system/nodeagent.service && "
+              "test -e /etc/systemd/system/nodeagent.slice", check=False).returncode == 0:
         return
     vm.put(UNIT, "/etc/systemd/system/nodeagent.service")
+    vm.put(SLICE, "/etc/systemd/system/nodeagent.slice")
     vm.ssh("python3 -m venv --system-site-packages --without-pip /opt/nodeagent/venv && "
            "/opt/nodeagent/venv/bin/python -m pip install -q --no-compile --no-index "
            "--find-links /root/wheels nodeagent", timeout=600)

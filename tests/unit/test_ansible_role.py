@@ -45,6 +45,8 @@ def test_role_sysctls_follow_the_agent() -> None:
 def test_role_installs_the_repository_unit_into_the_default_venv() -> None:
     shipped = ROLE / "files" / "nodeagent.service"
     assert shipped.resolve() == (ROOT / "units" / "nodeagent.service").resolve()
+    slice_ = ROLE / "files" / "nodeagent.slice"
+    assert slice_.resolve() == (ROOT / "units" / "nodeagent.slice").resolve()
     venv = load(ROLE / "defaults" / "main.yml")["nodeagent_venv"]
     assert f"ExecStart={venv}/bin/nodeagent run " in shipped.read_text()
 

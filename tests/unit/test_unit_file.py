@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "units" / "nodeagent.service"
+SLICE = ROOT / "units" / "nodeagent.slice"
 GOAL = 3.0
 
 
@@ -32,6 +33,7 @@ def local_unit(tmp_path: Path) -> Path:
     venv_bin = Path(sys.executable).parent / "nodeagent"
     path = tmp_path / "nodeagent.service"
     path.write_text(text.replace("/opt/nodeagent/venv/bin/nodeagent", str(venv_bin)))
+    (tmp_path / "nodeagent.slice").write_text(SLICE.read_text())  # verify loads it beside
     return path
 
 
@@ -60,6 +62,21 @@ def test_unit_contract() -> None:
     assert "kubelet.service" in unit["Unit"]["Before"]
     assert "Requires" not in unit["Unit"] and "kubelet" not in unit["Install"].get(
         "RequiredBy", "")
+
+
+def test_slice_verifies_and_gives_the_agent_a_weight_against_the_pods(tmp_path: Path) -> None:
+    """The unit runs in its own top-level slice, weighted far above system.slice's 100 (the
+    bench: p50 60-160 ms per repair at 100 against kubepods' 5000, 2.4 ms at 10000) and
+    bounded to one core."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read([UNIT, SLICE])
+    assert unit["Service"]["Slice"] == SLICE.name
+    assert int(unit["Slice"]["CPUWeight"]) == 10000 and unit["Slice"]["CPUQuota"] == "100%"
+    path = tmp_path / SLICE.name
+    path.write_text(SLICE.read_text())
+    res = subprocess.run([analyze(), "verify", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stderr.strip(), res.stderr
 
 
 def test_dropin_example_parses() -> None:
