@@ -240,6 +240,23 @@ def test_repair_guard_window_slides() -> None:
     assert g.paused(18.0, "rail0") is None
 
 
+def test_repair_guard_room_is_what_may_be_repaired_before_the_pause() -> None:
+    """The fast lane's budget: the most-repaired kind in the window decides; none while
+    paused; the window's old repairs give room back."""
+    g = RepairGuard(max_repairs=3, window=10, backoff=30)
+    assert g.room(0.0, "rail0") == 3
+    g.record(0.0, "rail0", "r", {DriftKind.ADDRESS_MISSING, DriftKind.ROUTE_MISSING})
+    g.record(1.0, "rail0", "r", {DriftKind.ROUTE_MISSING})
+    assert g.room(1.0, "rail0") == 1 and g.room(1.0, "rail1") == 3
+    assert g.room(10.5, "rail0") == 2  # the repair at 0.0 left the window
+    for now in (11.0, 11.5, 12.0):
+        g.record(now, "rail0", "r", {DriftKind.ROUTE_MISSING})
+    # No room, not yet paused: the next repair is the loop's, and it trips the guard.
+    assert g.room(12.0, "rail0") == 0 and g.paused(12.0, "rail0") is None
+    g.record(12.5, "rail0", "r", {DriftKind.ROUTE_MISSING})
+    assert g.paused(12.5, "rail0") is not None and g.room(12.5, "rail0") == 0
+
+
 def test_deletion_drift_names_only_what_the_rail_owns() -> None:
     """The event-targeted repair's input: a deletion of the rail's own address, table route
     or rule is drift; anything else (another address, another table) is not."""
