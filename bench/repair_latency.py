@@ -101,9 +101,10 @@ def busy_load(per_core: int, cgroup: Path | None = None) -> list[subprocess.Pope
 
 
 class CpuGroups:
-    """Two sibling CPU cgroups made for the run (v2 where the cpu controller is on, else
-    v1's cpu hierarchy), removed after it: `system` for the agent and the bare loop,
-    `pods` for the load."""
+    """Three sibling CPU cgroups made for the run (in v1's cpu hierarchy where there is
+    one, else in v2's), removed after it: `system` for the agent and the bare loop, `pods`
+    for the load, `driver` for the bench itself. A bench killed by hand leaves them
+    (nodeagent-bench-*): move their processes out and rmdir them."""
 
     def __init__(self, weights: str, tmp: Path) -> None:
         system, pods = (int(w) for w in weights.split(":"))
