@@ -102,7 +102,11 @@ def test_each_rails_switch_is_named_and_a_crossed_cable_is_miscabled(
         finally:
             other.close()  # the cable pulled: its veth goes with the namespace
 
-        # Recabled into its own leaf (a fresh veth pair, the far end in leaf-07-r1).
+        # Recabled into its own leaf (a fresh veth pair, the far end in leaf-07-r1). The
+        # kernel dismantles a deleted namespace on a work queue: the old pair's near end
+        # outlives `ip netns del` for a moment (a CI run under load met "File exists").
+        wait_for(lambda: rails_ns.ip("link", "show", "dev", "r1", check=False).returncode
+                 != 0, 10, "the pulled cable's r1 gone")
         rails_ns.veth("r1", "p1")
         switches["leaf-07-r1"].plug(rails_ns, "p1")
         wait_for(lambda: (cond(agent_config, "RailCablingVerified") or ("",))[0] == "True",
