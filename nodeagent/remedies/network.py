@@ -10,7 +10,7 @@ import errno
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -232,7 +232,7 @@ def _netlink_errno(exc: BaseException) -> int | None:
 
 
 def execute(
-    ipr: Any, procfs_root: Path, rails: dict[str, Rail], actions: Sequence[Action]
+    ipr: Any, procfs_root: Path, rails: Mapping[str, Rail], actions: Sequence[Action]
 ) -> tuple[list[Action], list[str]]:
     """Run actions in order; return (done, one error line per failed action)."""
     done: list[Action] = []

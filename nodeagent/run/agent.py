@@ -31,7 +31,6 @@ from nodeagent.publish.status import DaemonLock, write_status
 from nodeagent.remedies.repairs import Repairs
 from nodeagent.run.discovery import own_card
 from nodeagent.run.evaluate import Evaluator, fabric_pass
-from nodeagent.run.fastlane import FastLane
 from nodeagent.run.rails import RailHistory
 from nodeagent.run.reload import ConfigReloader
 from nodeagent.run.sources import Sources
@@ -118,7 +117,6 @@ class Agent:
         self.notifier = Notifier()
         self.reloader = ConfigReloader(reload, self.work.put)
         self.sources = Sources(self.work.put, self.store.own_rdma)
-        self.fast = FastLane()  # deletions repaired on the netlink thread
         self.record = PassRecord()
 
     # ------------------------------------------------------------ configuration
@@ -139,7 +137,7 @@ class Agent:
         cfg = self.reloader.accepted(got, self.cfg)
         if cfg is None:
             return
-        self.fast.aim(None, {}, {})  # no repair by the old plan: the next pass makes one
+        self.sources.fast.aim(None, {}, {})  # no repair by the old plan: the next pass aims
         previous = self.cfg
         try:
             self._configure(cfg)
@@ -245,13 +243,14 @@ class Agent:
                  if self.cfg.manages(rail) and name not in paused
                  and name not in self.store.lent
                  and (index := self.evaluator.ifindex(name)) is not None}
-        self.fast.aim(self.cfg, links, {n: self.history.guard.room(now, n) for n in links})
+        room = {n: self.history.guard.room(now, n) for n in links}
+        self.sources.fast.aim(self.cfg, links, room)
 
     def _fast_repaired(self, repaired: Repairs, early: Repairs) -> None:
         """A fast-lane repair, taken by the loop: counted (and fed to the guard), reported
         by the next pass, whose probe verifies it."""
         assert self.evaluator is not None
-        self.fast.taken.update(repaired.done.keys())
+        self.sources.fast.taken.update(repaired.done.keys())
         self.evaluator.after_repairs(repaired)
         self.evaluator.count(repaired)
         early.merge(repaired)
@@ -342,7 +341,7 @@ class Agent:
 
     def run(self) -> int:
         self.sources.start_outputs(self.cfg)
-        self.sources.start_netlink(self.cfg, self.fast)
+        self.sources.start_netlink(self.cfg)
         with IPRoute() as ipr:
             self.evaluator = Evaluator(self.cfg, ipr, store=self.store, clock=self.clock)
             self.store.lent.load(self.cfg, self.clock)

@@ -97,8 +97,7 @@ class FastLane:
             if not actions:
                 continue
             self.open()
-            done, errors = execute(self._ipr, plan.cfg.paths.procfs, dict(plan.by_name),
-                                   actions)
+            done, errors = execute(self._ipr, plan.cfg.paths.procfs, plan.by_name, actions)
             out = out or Repairs()
             out.record(entry.rail.name, done, errors)
             if done:

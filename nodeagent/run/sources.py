@@ -159,6 +159,7 @@ class Sources:
         self.own_rdma = own_rdma or OwnRDMA()  # what the probes move, charged by them
         self.started: list[Source] = []  # stopped in this order at the end
         self.netlink: NetlinkMonitor | None = None
+        self.fast = FastLane()  # deletions repaired on the netlink thread, from the loop's plan
         self.gid_watcher: GidSlotWatcher | None = None
         self.publisher: Publisher | None = None
         self.metrics: AgentMetrics | None = None
@@ -195,8 +196,8 @@ class Sources:
                 on_change=lambda: self.deliver(NodeChanged()))
             self._start(self.publisher)
 
-    def start_netlink(self, cfg: Config, fast: FastLane | None = None) -> NetlinkMonitor:
-        self.netlink = NetlinkMonitor(self.deliver, cfg.netlink_rcvbuf, fast)
+    def start_netlink(self, cfg: Config) -> NetlinkMonitor:
+        self.netlink = NetlinkMonitor(self.deliver, cfg.netlink_rcvbuf, self.fast)
         self._start(self.netlink)
         self.netlink.ready.wait(timeout=5.0)
         return self.netlink
