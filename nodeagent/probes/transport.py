@@ -76,14 +76,32 @@ class _Pair:
                     obj.close()
 
 
+# The GRH hop limit NCCL sets on RoCE (src/transport/net_ib/connect.cc); pyverbs' default
+# of 1 is an IP TTL of 1, which a routed fabric drops at its first router.
+HOP_LIMIT = 255
+
+
+def address_vector(port: int, gid_index: int, remote_gid: Any, traffic_class: int = 0,
+                   service_level: int = 0) -> Any:
+    """The QP's path to the remote GID as NCCL's ncclIbRtrQp sets it on RoCE: from the
+    pinned source index, hop limit 255, its class and service level."""
+    from pyverbs.addr import AHAttr, GlobalRoute
+
+    route = GlobalRoute(dgid=remote_gid, sgid_index=gid_index, hop_limit=HOP_LIMIT,
+                        traffic_class=traffic_class)
+    return AHAttr(gr=route, is_global=1, sl=service_level, port_num=port)
+
+
 def connect_rc(qp: Any, port: int, gid_index: int, remote_qpn: int, remote_gid: Any,
                remote_psn: int = 0, local_psn: int = 0, mtu: int | None = None,
-               access: int | None = None) -> None:
+               access: int | None = None, traffic_class: int = 0,
+               service_level: int = 0) -> None:
     """One RC QP through INIT, RTR and RTS to a remote QP, addressed by the remote GID
     from the local pinned `gid_index` (as NCCL does with NCCL_IB_GID_INDEX). `mtu` is an
-    IBV_MTU_* (default 1024); `access` the remote access it grants (default none)."""
+    IBV_MTU_* (default 1024); `access` the remote access it grants (default none);
+    `traffic_class` and `service_level` as NCCL_IB_TC and NCCL_IB_SL set them (the GRH's
+    class becomes the IP header's DSCP and ECN bits on RoCE v2, on mlx5 and rxe alike)."""
     import pyverbs.enums as e
-    from pyverbs.addr import AHAttr, GlobalRoute
     from pyverbs.qp import QPAttr
 
     step = Step.QP_INIT
@@ -100,8 +118,8 @@ def connect_rc(qp: Any, port: int, gid_index: int, remote_qpn: int, remote_gid: 
         attr.rq_psn = remote_psn
         attr.max_dest_rd_atomic = 1
         attr.min_rnr_timer = 1
-        attr.ah_attr = AHAttr(gr=GlobalRoute(dgid=remote_gid, sgid_index=gid_index),
-                              is_global=1, port_num=port)
+        attr.ah_attr = address_vector(port, gid_index, remote_gid, traffic_class,
+                                      service_level)
         qp.to_rtr(attr)
         step = Step.QP_RTS
         attr.sq_psn = local_psn

@@ -14,7 +14,12 @@ from nodeagent.checks.transport import STEP_REASONS, transport_finding
 from nodeagent.config import parse_config
 from nodeagent.model.peers import TransportResult
 from nodeagent.model.rdma import QueuePair, QueuePairs
-from nodeagent.probes.transport import completion_status, gid_matches, port_state
+from nodeagent.probes.transport import (
+    address_vector,
+    completion_status,
+    gid_matches,
+    port_state,
+)
 
 CFG = parse_config({
     "rails": [{"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
@@ -30,6 +35,19 @@ def test_completion_statuses_are_named_as_libibverbs_names_them() -> None:
         wc = WC(wr_id=1, status=status)  # a real pyverbs work completion
         assert completion_status(wc.status) == text
     assert completion_status(250) == "status 250"
+
+
+def test_every_qp_addresses_its_peer_as_nccl_does_hop_limit_255_in_its_class() -> None:
+    from pyverbs.addr import GID, GlobalRoute
+
+    peer = GID("0000:0000:0000:0000:0000:ffff:0a0a:0006")
+    # pyverbs' own default is an IP TTL of 1: dropped at a routed fabric's first router.
+    assert GlobalRoute(dgid=peer).hop_limit == 1
+    ah = address_vector(1, 3, peer, traffic_class=104, service_level=3)  # a real AHAttr
+    assert (ah.hop_limit, ah.traffic_class, ah.sgid_index) == (255, 104, 3)
+    assert (ah.is_global, ah.sl, ah.port_num) == (1, 3, 1)
+    assert str(ah.dgid) == str(peer)
+    assert address_vector(1, 3, peer).traffic_class == 0
 
 
 def test_port_states_are_named_as_pyverbs_names_them() -> None:
