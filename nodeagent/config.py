@@ -573,6 +573,8 @@ class Peer(_Strict):
 
 
 MAX_PEERS = 64  # per rail: the probe rate and the responder's allow-list stay bounded
+MAX_CLASSES = 4  # traffic classes probed: each one is another probe of every peer a round
+TrafficClass = Annotated[int, Field(ge=0, le=255)]
 
 
 class Peers(_Strict):
@@ -595,6 +597,30 @@ class Peers(_Strict):
     sample: int = Field(default=4, ge=1, le=MAX_PEERS)  # discovered peers per rail
     discover_interval: Interval = 600.0  # the agents' cards listed again this often
     gate: bool = False  # true: part of FabricReady (a failure taints the node)
+    # The class the jobs' RoCE traffic runs in, as NCCL sets it on its QPs: NCCL_IB_TC (the
+    # GRH traffic class: DSCP << 2 | ECN) and NCCL_IB_SL; NCCL's defaults are 0 for both
+    # (src/transport/net_ib/connect.cc). A site whose PFC runs on DSCP 26 sets 104.
+    traffic_class: int = Field(default=0, ge=0, le=255)
+    service_level: int = Field(default=0, ge=0, le=15)
+    # The traffic classes every peer is probed in, each every round (default: the jobs'
+    # class alone). [0, 104] tells a dropped lossless class from a dead path.
+    classes: list[TrafficClass] | None = None
+
+    @property
+    def probed_classes(self) -> tuple[int, ...]:
+        return tuple(self.classes) if self.classes else (self.traffic_class,)
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if not 1 <= len(v) <= MAX_CLASSES:
+            raise ValueError(f"{len(v)} classes; 1 to {MAX_CLASSES}")
+        dup = sorted({c for c in v if v.count(c) > 1})
+        if dup:
+            raise ValueError(f"class {', '.join(map(str, dup))} listed twice")
+        return v
 
     @field_validator("static")
     @classmethod

@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeagent.model.jobs import GidSlot, NodeRail, PortView, Unfit
+from nodeagent.model.peers import Class
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 C_SPACE = " \t\n\v\f\r"
@@ -201,6 +202,12 @@ class NcclEnv:
 
     def text(self, name: str) -> str:
         return dict(self.given).get(name, "")
+
+    @property
+    def traffic(self) -> Class:
+        """The class NCCL's QPs run in: its connection metadata holds the class in a
+        uint8_t (src/transport/net_ib/common.h), the IB service level has 4 bits."""
+        return Class(self.tc & 0xFF, self.sl & 0xF)
 
     @classmethod
     def read(cls, env: Mapping[str, str]) -> NcclEnv:

@@ -9,7 +9,10 @@ lost probe is not a verdict). What failed says where the fault is:
 - small reads passed and a read at the path MTU failed: the path MTU is smaller than the
   hosts' (a switch port at 1500 behind hosts at 4200);
 - nothing answered on TCP either: the peer or its agent is down, which is not a fabric
-  verdict (Unknown).
+  verdict (Unknown);
+- with more than one traffic class probed (`peers.classes`), a peer that fails over RoCE
+  in one class while it passes in another: the path drops that class (PFC off for its
+  priority, a DSCP trust or remap, an ACL on DSCP), which class 0 alone never shows.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from dataclasses import dataclass, field
 
 from nodeagent.config import Config, Peers
 from nodeagent.model.conditions import RDMA_PEERS_REACHABLE, Finding, Problems
-from nodeagent.model.peers import PeerOutcome, PeerProbe, PeerRef, PeerStats
+from nodeagent.model.peers import Class, PeerOutcome, PeerProbe, PeerRef, PeerStats
 
 FABRIC_FAULTS = (PeerOutcome.ROCE_FAILED, PeerOutcome.MTU_FAILED)
 NOT_RESPONDING = "PeerNotResponding"  # about the peer, not this node: never a taint
 NO_PEERS = "NoPeersFound"  # discovery found no other agent on the rail's network: no taint
+CLASS_DROPPED = "TrafficClassDropped"
 # While every probe passes as before, the prober hands its rounds over this often (each
 # hand-over is a pass): a change of outcome, or any failure, goes at once.
 QUIET_DELIVERY = 10.0
@@ -33,20 +37,22 @@ QUIET_DELIVERY = 10.0
 
 @dataclass
 class PeerHistory:
-    """The latest probes of each (rail, peer address), as many as `peers.window`."""
+    """The latest probes of each (rail, peer address, traffic class), as many as
+    `peers.window`."""
 
-    probes: dict[tuple[str, str], deque[PeerProbe]] = field(default_factory=dict)
-    totals: dict[tuple[str, str], Counter[str]] = field(default_factory=dict)  # by outcome
+    probes: dict[tuple[str, str, int], deque[PeerProbe]] = field(default_factory=dict)
+    totals: dict[tuple[str, str, int], Counter[str]] = field(default_factory=dict)  # by outcome
 
     def observe_round(self, probes: Mapping[str, Iterable[PeerProbe]], skipped: Iterable[str],
                       window: int) -> None:
-        """One round: each probed rail's peers (a peer no longer probed is forgotten, so
-        a reload never judges a peer it dropped), and skipped rails forgotten whole."""
+        """One round: each probed rail's peers (a peer or class no longer probed is
+        forgotten, so a reload never judges one it dropped), and skipped rails forgotten
+        whole."""
         gone = set(skipped)
-        kept: set[tuple[str, str]] = set()
+        kept: set[tuple[str, str, int]] = set()
         for rail_probes in probes.values():
             for p in rail_probes:
-                key = (p.rail, p.address)
+                key = (p.rail, p.address, p.traffic_class)
                 kept.add(key)
                 have = self.probes.get(key)
                 if have is None or have.maxlen != window:
@@ -58,11 +64,13 @@ class PeerHistory:
             del self.probes[key]
             self.totals.pop(key, None)
 
-    def stats(self, rail: str, address: str, failures: int = 1) -> PeerStats | None:
-        kept = self.probes.get((rail, address))
+    def stats(self, rail: str, address: str, failures: int = 1,
+              traffic_class: int = 0) -> PeerStats | None:
+        key = (rail, address, traffic_class)
+        kept = self.probes.get(key)
         if not kept:
             return None
-        return peer_stats(list(kept), failures, dict(self.totals.get((rail, address), {})))
+        return peer_stats(list(kept), failures, dict(self.totals.get(key, {})))
 
 
 def peer_stats(probes: list[PeerProbe], failures: int = 1,
@@ -95,10 +103,13 @@ def static_peers(peers: Peers | None) -> dict[str, tuple[PeerRef, ...]]:
 
 def rail_peer_stats(peers: Peers, listed: Mapping[str, tuple[PeerRef, ...]],
                     history: PeerHistory) -> dict[str, tuple[PeerStats, ...]]:
-    """Each rail's listed peers that have been probed, in listed order."""
+    """Each rail's listed peers that have been probed, in listed order, in each class
+    probed."""
     out: dict[str, tuple[PeerStats, ...]] = {}
+    classes = peers.probed_classes
     for rail, refs in listed.items():
-        got = [history.stats(rail, p.address, peers.failures) for p in refs]
+        got = [history.stats(rail, p.address, peers.failures, tc) for p in refs
+               for tc in classes]
         out[rail] = tuple(s for s in got if s is not None)
     return out
 
@@ -141,19 +152,63 @@ def peers_finding(cfg: Config, stats: Mapping[str, tuple[PeerStats, ...]],
         if rail.name in skipped:
             problems.unknown("PeersNotProbed", f"{rail.name}: not probed: {skipped[rail.name]}")
             continue
-        if len(got) < len(listed):
+        want = len(listed) * len(peers.probed_classes)
+        if len(got) < want:
             problems.unknown("PeersNotProbed", f"{rail.name}: {len(listed) - len(got)} of "
-                             f"{len(listed)} peers not probed yet")
+                             f"{len(listed)} peers not probed yet" if want == len(listed)
+                             else f"{rail.name}: {want - len(got)} of {want} peers and "
+                             "classes not probed yet")
             continue
         newest = max(s.last.at for s in got)
         if now - newest > stale_after:
             problems.unknown("PeersNotProbed",
                              f"{rail.name}: last probe {now - newest:.0f} s ago (stuck?)")
             continue
-        _judge_rail(rail.name, got, peers, problems, fine, (transport_ok or {}).get(rail.name))
+        _judge_classes(rail.name, got, peers, problems, fine,
+                       (transport_ok or {}).get(rail.name))
     if not fine and not problems:
         return problems.finding("NotConfigured", "no rail has peers configured")
     return problems.finding("PeersReachable", "; ".join(fine))
+
+
+def _judge_classes(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: Problems,
+                   fine: list[str], transport_ok: bool | None) -> None:
+    """A rail probed in class 0 alone is judged as ever; in other or more classes, a
+    class the path drops is named first, and each class is judged on what is left."""
+    classes = sorted({s.traffic_class for s in got})
+    if classes in ([], [0]):
+        _judge_rail(rail, got, peers, problems, fine, transport_ok)
+        return
+    dropped = _dropped_classes(rail, got, peers, problems)
+    for tc in classes:
+        rest = tuple(s for s in got if s.traffic_class == tc and s not in dropped)
+        if rest:
+            _judge_rail(f"{rail} class {tc}", rest, peers, problems, fine, transport_ok)
+
+
+def _dropped_classes(rail: str, got: tuple[PeerStats, ...], peers: Peers,
+                     problems: Problems) -> list[PeerStats]:
+    """Peers failing over RoCE in one class that pass in another: the class is dropped on
+    the path between them, not the path itself. Each such class is one failure."""
+    passes = {(s.address, s.traffic_class) for s in got
+              if not s.failing and s.last.outcome == PeerOutcome.OK}
+    out: list[PeerStats] = []
+    for tc in sorted({s.traffic_class for s in got}):
+        in_class = [s for s in got if s.traffic_class == tc]
+        dropped = [s for s in in_class if s.failing and s.last.outcome in FABRIC_FAULTS
+                   and any(a == s.address and o != tc for a, o in passes)]
+        if not dropped:
+            continue
+        others = sorted({o for s in dropped for a, o in passes if a == s.address and o != tc})
+        out.extend(dropped)
+        jobs = " (the jobs' class, NCCL_IB_TC)" if tc == peers.traffic_class else ""
+        problems.fail(CLASS_DROPPED,
+                      f"{rail}: {Class(tc).words}{jobs} fails to {len(dropped)} of "
+                      f"{len(in_class)} peers over RoCE while class "
+                      f"{', '.join(map(str, others))} passes ({_named(dropped)}): the path "
+                      "drops this class (PFC for its priority, DSCP trust or remap, an ACL); "
+                      "TCP reaches them")
+    return out
 
 
 def _judge_rail(rail: str, got: tuple[PeerStats, ...], peers: Peers, problems: Problems,

@@ -30,8 +30,8 @@ from typing import Any
 
 from nodeagent.io.files import one_line, parse_json_state
 from nodeagent.model.jobs import NodeRail, Unfit
-from nodeagent.model.peers import PeerOutcome, RailEndpoint
-from nodeagent.probes.peer import RailEnd, probe_peer
+from nodeagent.model.peers import Class, PeerOutcome, RailEndpoint
+from nodeagent.probes.peer import CLASS_0, RailEnd, probe_peer
 from nodeagent.run.responder import Responder, Served
 
 CARD_MAX = 4096
@@ -363,10 +363,11 @@ def _served(card: GangCard, allowed: frozenset[str]) -> dict[str, Served]:
 
 
 def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
-             deadline: float, timeout: float, bind: str = "0.0.0.0") -> tuple[
-                 list[RingProbe], list[Unfit]]:
-    """The barrier, then each rail's probe of the next pod, then waiting for the previous
-    pod's probe. `card` carries this pod's rails (address, device, pinned GID index)."""
+             deadline: float, timeout: float, bind: str = "0.0.0.0",
+             klass: Class = CLASS_0) -> tuple[list[RingProbe], list[Unfit]]:
+    """The barrier, then each rail's probe of the next pod in the job's traffic class
+    (its NCCL_IB_TC and NCCL_IB_SL), then waiting for the previous pod's probe. `card`
+    carries this pod's rails (address, device, pinned GID index)."""
     n, me = len(peers), card.index
     if n < 2:
         return [], []
@@ -398,7 +399,7 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
         # for the deadline: seen 2 in 30 runs of a gang of three on a loaded machine).
         problems = [] if succ.ready else _until_ready(peers[succ.index], port, me, deadline,
                                                       source, resolved)
-        probes = [] if problems else _probe_ring(card, succ, probe_port, timeout)
+        probes = [] if problems else _probe_ring(card, succ, probe_port, timeout, klass)
         problems += [u for p in probes if (u := p.unfit()) is not None]
         _until_done(server, responder, card, pred, n, deadline, addresses)
         return probes, problems
@@ -425,7 +426,7 @@ def _until_ready(host: str, port: int, me: int, deadline: float, source: str | N
 
 
 def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
-                timeout: float) -> list[RingProbe]:
+                timeout: float, klass: Class) -> list[RingProbe]:
     theirs = {r.name: r for r in succ.rails}
     out = []
     for rail in card.rails:
@@ -449,7 +450,7 @@ def _probe_ring(card: GangCard, succ: GangCard, probe_port: int,
             continue
         try:
             got = probe_peer(end, rail.name, peer.address, succ.node, probe_port, 5,
-                             timeout)
+                             timeout, klass=klass)
         finally:
             end.close()
         out.append(RingProbe(rail.name, source, target, got.outcome, got.error))

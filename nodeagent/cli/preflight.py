@@ -272,9 +272,10 @@ def run(args: argparse.Namespace) -> int:
         from nodeagent.cli.gang import GangCard, run_gang
 
         card = GangCard(args.index, verdict.node or os.uname().nodename, verdict.rails)
+        # The ring is probed in the class the job's NCCL will use.
         _, gang = run_gang(card, peers, args.gang_port, args.probe_port,
                            started + args.barrier_timeout, args.probe_timeout,
-                           bind=args.gang_bind)
+                           bind=args.gang_bind, klass=facts.plan().env.traffic)
         problems += gang
     report(problems, args.termination_log, facts.plan().summary())
     return EXIT_UNFIT if problems else EXIT_FIT

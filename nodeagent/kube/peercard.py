@@ -87,9 +87,18 @@ def mesh_verdict(stats: PeerStats) -> MeshVerdict:
 
 
 def mesh_annotation(rails: Iterable[RailStatus]) -> str:
-    return json.dumps({r.name: {p.address: str(mesh_verdict(p)) for p in r.peers}
-                       for r in rails if r.peers},
+    return json.dumps({r.name: _worst_by_peer(r.peers) for r in rails if r.peers},
                       sort_keys=True, separators=(",", ":"))
+
+
+def _worst_by_peer(stats: Iterable[PeerStats]) -> dict[str, str]:
+    """A verdict a peer: probed in several traffic classes, the first that is not ok (a
+    class dropped on the path is a fault of the pair, as the mesh shows faults)."""
+    out: dict[str, MeshVerdict] = {}
+    for p in stats:
+        if out.get(p.address, MeshVerdict.OK) == MeshVerdict.OK:
+            out[p.address] = mesh_verdict(p)
+    return {address: str(v) for address, v in out.items()}
 
 
 def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus]) -> tuple[

@@ -59,6 +59,20 @@ class PeerOutcome(Words):
 
 
 @dataclass(frozen=True)
+class Class:
+    """Where in the fabric's QoS a probe's packets go: the GRH traffic class (its top six
+    bits are the IP DSCP on RoCE v2) and the service level, as NCCL_IB_TC and NCCL_IB_SL."""
+
+    traffic_class: int = 0
+    service_level: int = 0
+
+    @property
+    def words(self) -> str:
+        """'class 104 (DSCP 26)'"""
+        return f"class {self.traffic_class} (DSCP {self.traffic_class >> 2})"
+
+
+@dataclass(frozen=True)
 class PeerProbe:
     """One probe of one peer on one rail."""
 
@@ -72,6 +86,7 @@ class PeerProbe:
     at: float = 0.0  # when it ran (monotonic)
     bandwidth_gbps: float | None = None  # the bandwidth sample, on the probes that take it
     moved: RDMAVolume = field(default_factory=RDMAVolume)  # at most, on the port
+    traffic_class: int = 0  # the class it ran in, both ways
 
     @property
     def label(self) -> str:
@@ -95,6 +110,10 @@ class PeerStats:
     bandwidth_gbps: float | None = None  # the latest bandwidth sample in the window
 
     @property
+    def traffic_class(self) -> int:
+        return self.last.traffic_class
+
+    @property
     def loss(self) -> float:
         return self.failed / self.probes if self.probes else 0.0
 
@@ -102,7 +121,7 @@ class PeerStats:
         return {"address": self.address, "node": self.node, "outcome": str(self.last.outcome),
                 "error": self.last.error, "failing_for": self.failing_for,
                 "failing": self.failing, "probes": self.probes, "loss": round(self.loss, 4),
-                "mtu": self.last.mtu,
+                "mtu": self.last.mtu, "traffic_class": self.traffic_class,
                 "rtt_p50_us": self.rtt_p50_us, "rtt_p99_us": self.rtt_p99_us,
                 "bandwidth_gbps": self.bandwidth_gbps}
 

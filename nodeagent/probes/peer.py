@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.io.files import one_line
-from nodeagent.model.peers import PeerOutcome, PeerProbe, RailEndpoint
+from nodeagent.model.peers import Class, PeerOutcome, PeerProbe, RailEndpoint
 from nodeagent.model.rdma import RDMAVolume
 from nodeagent.probes.peerwire import (
     MTUS,
@@ -43,6 +43,7 @@ from nodeagent.probes.transport import (
 )
 from nodeagent.probes.volume import RC_ATTEMPTS, rdma_read
 
+CLASS_0 = Class()  # NCCL's default traffic class and service level
 SMALL = 64  # bytes per RTT read
 BUFFER = 4096  # what a responder lends for reads: the largest IB MTU
 # The bandwidth sample: this many reads of the whole buffer, DEPTH in flight (128 KiB a
@@ -149,7 +150,7 @@ class _Failed(Exception):
 
 
 def _handshake(end: RailEnd, qp: Any, address: str, port: int, deadline: float,
-               psn: int) -> tuple[socket.socket, Accept]:
+               psn: int, klass: Class) -> tuple[socket.socket, Accept]:
     """TCP from the rail's address to the responder, Hello out, Reply in."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -160,7 +161,8 @@ def _handshake(end: RailEnd, qp: Any, address: str, port: int, deadline: float,
         except OSError as exc:
             raise _Failed(PeerOutcome.NO_RESPONDER,
                           f"TCP to {address}:{port}: {_os_words(exc)}") from exc
-        hello = Hello(qp.qp_num, psn, gid_raw(end.gid), mtu_bytes(end.mtu))
+        hello = Hello(qp.qp_num, psn, gid_raw(end.gid), mtu_bytes(end.mtu),
+                      klass.traffic_class, klass.service_level)
         try:
             sock.sendall(pack_hello(hello))
             data = _recv_exactly(sock, REPLY_SIZE, deadline)
@@ -257,9 +259,11 @@ def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: f
 
 
 def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: int,
-               reads: int, timeout: float, bandwidth: bool = False) -> PeerProbe:
-    """One probe of one peer through an opened RailEnd, with the bandwidth sample when
-    asked; never raises."""
+               reads: int, timeout: float, bandwidth: bool = False,
+               klass: Class = CLASS_0) -> PeerProbe:
+    """One probe of one peer through an opened RailEnd, in traffic class `klass` both ways
+    (the responder sets it on its QP too), with the bandwidth sample when asked; never
+    raises."""
     started = time.monotonic()
     deadline = started + timeout
     sock: socket.socket | None = None
@@ -274,7 +278,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         except Exception as exc:
             raise _Failed(PeerOutcome.LOCAL, f"QP: {one_line(exc)}") from exc
         psn = random.randrange(1 << 24)
-        sock, accept = _handshake(end, qp, address, port, deadline, psn)
+        sock, accept = _handshake(end, qp, address, port, deadline, psn, klass)
         # Never more than our own buffer holds, whatever the responder offers.
         accept = replace(accept, length=max(1, min(accept.length, BUFFER)))
         mtu = accept.mtu
@@ -282,7 +286,8 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
 
         try:
             connect_rc(qp, end.at.port, end.at.gid_index, accept.qpn, GID(gid_text(accept.gid)),
-                       remote_psn=accept.psn, local_psn=psn, mtu=ibv_mtu(accept.mtu))
+                       remote_psn=accept.psn, local_psn=psn, mtu=ibv_mtu(accept.mtu),
+                       traffic_class=klass.traffic_class, service_level=klass.service_level)
         except ProbeFailed as failed:
             raise _Failed(PeerOutcome.LOCAL, str(failed)) from failed
         # Charged as planned, every retry included (a bound, not a count).
@@ -310,4 +315,5 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         if sock is not None:
             sock.close()
     return PeerProbe(rail, address, node, outcome, error, tuple(rtts), mtu,
-                     at=time.monotonic(), bandwidth_gbps=gbps, moved=moved)
+                     at=time.monotonic(), bandwidth_gbps=gbps, moved=moved,
+                     traffic_class=klass.traffic_class)

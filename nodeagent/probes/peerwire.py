@@ -4,8 +4,14 @@ the route itself: the probe must use the pinned index, as jobs do).
 
 The prober sends a Hello (its QP number, first PSN, GID and path MTU); the responder
 answers with a Reply: Accept (its QP number, PSN, GID and a buffer the prober may read) or
-Refuse (a code saying why). Everything is big-endian and of one size, so a reader takes
-exactly that many bytes and anything else is garbage. Pure: no sockets here.
+Refuse (a code saying why). Everything is big-endian and of one size per version, so a
+reader takes exactly that many bytes and anything else is garbage. Pure: no sockets here.
+
+A Hello in a traffic class other than 0 is version 2: it adds the class and service level,
+which the responder sets on its own QP, so the read responses travel in the prober's class
+as NCCL's do (its receiving side takes the connecting side's `tc` and `sl`:
+`meta.tc = remMeta.tc` in src/transport/net_ib/connect.cc). A class-0 Hello stays version
+1, which agents before classes answer; the Reply is version 1 whatever the Hello.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"NAPR"
-VERSION = 1
+VERSION = 1  # the Reply's, and a class-0 Hello's
+CLASSED = 2  # a Hello with a traffic class and service level
 _HELLO = struct.Struct("!4sBBHII16s")  # magic, version, kind, mtu, qpn, psn, gid
+_CLASSED = struct.Struct("!4sBBHII16sBBH")  # ... as Hello, then class, level, zero
 _REPLY = struct.Struct("!4sBBHII16sQII")  # ... as Hello, then addr, rkey, length
 HELLO_SIZE = _HELLO.size  # 32
+MAX_HELLO_SIZE = _CLASSED.size  # 36
 REPLY_SIZE = _REPLY.size  # 48
 _KIND_HELLO, _KIND_ACCEPT, _KIND_REFUSE = 1, 2, 3
 MTUS = (256, 512, 1024, 2048, 4096)  # the IB path MTUs (IBV_MTU_256 .. IBV_MTU_4096)
@@ -52,6 +61,8 @@ class Hello:
     psn: int
     gid: bytes  # 16 bytes, the prober's GID at its pinned index
     mtu: int  # bytes, one of MTUS
+    traffic_class: int = 0  # the GRH traffic class both QPs use (DSCP << 2 | ECN)
+    service_level: int = 0  # 0-15
 
 
 @dataclass(frozen=True)
@@ -75,11 +86,12 @@ def ipv4_gid(address: str) -> bytes:
     return ipaddress.IPv6Address(f"::ffff:{address}").packed
 
 
-def _check_header(magic: bytes, version: int) -> None:
+def _check_header(magic: bytes, version: int, speaks: tuple[int, ...] = (VERSION,)) -> None:
     if magic != MAGIC:
         raise WireError("not a nodeagent peer handshake (bad magic)")
-    if version != VERSION:
-        raise WireError(f"handshake version {version}, this agent speaks {VERSION}")
+    if version not in speaks:
+        raise WireError(f"handshake version {version}, this agent speaks "
+                        f"{' and '.join(map(str, speaks))}")
 
 
 def _check_fields(qpn: int, psn: int, mtu: int) -> None:
@@ -90,18 +102,35 @@ def _check_fields(qpn: int, psn: int, mtu: int) -> None:
 
 
 def pack_hello(h: Hello) -> bytes:
-    return _HELLO.pack(MAGIC, VERSION, _KIND_HELLO, h.mtu, h.qpn, h.psn, h.gid)
+    if h.traffic_class == h.service_level == 0:
+        return _HELLO.pack(MAGIC, VERSION, _KIND_HELLO, h.mtu, h.qpn, h.psn, h.gid)
+    return _CLASSED.pack(MAGIC, CLASSED, _KIND_HELLO, h.mtu, h.qpn, h.psn, h.gid,
+                         h.traffic_class, h.service_level, 0)
+
+
+def hello_size(head: bytes) -> int:
+    """How long the Hello that starts with `head` is: its version says (a head too short
+    to say, or of no version we speak, is read as version 1, which then fails to parse)."""
+    if len(head) > 4 and head[:4] == MAGIC and head[4] == CLASSED:
+        return MAX_HELLO_SIZE
+    return HELLO_SIZE
 
 
 def parse_hello(data: bytes) -> Hello:
-    if len(data) != HELLO_SIZE:
-        raise WireError(f"handshake of {len(data)} bytes, not {HELLO_SIZE}")
-    magic, version, kind, mtu, qpn, psn, gid = _HELLO.unpack(data)
-    _check_header(magic, version)
+    if len(data) != hello_size(data):
+        raise WireError(f"handshake of {len(data)} bytes, not {hello_size(data)}")
+    if len(data) == HELLO_SIZE:
+        magic, version, kind, mtu, qpn, psn, gid = _HELLO.unpack(data)
+        tc = sl = zero = 0
+    else:
+        magic, version, kind, mtu, qpn, psn, gid, tc, sl, zero = _CLASSED.unpack(data)
+    _check_header(magic, version, (VERSION, CLASSED))
     if kind != _KIND_HELLO:
         raise WireError(f"message kind {kind}, not a Hello")
     _check_fields(qpn, psn, mtu)
-    return Hello(qpn, psn, gid, mtu)
+    if sl > 15 or zero:
+        raise WireError(f"service level {sl} over 15, or reserved bytes set")
+    return Hello(qpn, psn, gid, mtu, tc, sl)
 
 
 def pack_reply(r: Accept | Refuse) -> bytes:

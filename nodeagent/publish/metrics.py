@@ -212,8 +212,9 @@ def _transport(rails: Iterable[RailStatus]) -> Iterable[Metric]:
 
 
 def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:
-    """Each rail's peers (with a peers section): cardinality bounded by the peer count."""
-    labels = ["rail", "peer", "node"]
+    """Each rail's peers (with a peers section), in each traffic class probed: cardinality
+    bounded by the peer count times the classes (at most 4)."""
+    labels = ["rail", "peer", "node", "traffic_class"]
     rtt = GaugeMetricFamily("nodeagent_rdma_peer_rtt_seconds", "RDMA read round trip to the "
                             "peer over the probe window.", labels=[*labels, "quantile"])
     loss = GaugeMetricFamily("nodeagent_rdma_peer_loss_ratio", "Probes of the peer that did "
@@ -228,7 +229,7 @@ def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:
                                   labels=labels)
     for r in rails:
         for p in r.peers or ():
-            who = [r.name, p.address, p.node or ""]
+            who = [r.name, p.address, p.node or "", str(p.traffic_class)]
             for q, value in (("0.5", p.rtt_p50_us), ("0.99", p.rtt_p99_us)):
                 if value is not None:
                     rtt.add_metric([*who, q], value / 1e6)

@@ -23,7 +23,14 @@ from nodeagent.checks.facts import PeersSeen
 from nodeagent.checks.peers import QUIET_DELIVERY, static_peers
 from nodeagent.config import MAX_PEERS, Config, Peers
 from nodeagent.io.periodic import Periodic
-from nodeagent.model.peers import PeerOutcome, PeerProbe, PeerRef, RailEndpoint, Targets
+from nodeagent.model.peers import (
+    Class,
+    PeerOutcome,
+    PeerProbe,
+    PeerRef,
+    RailEndpoint,
+    Targets,
+)
 from nodeagent.probes.peer import RailEnd, probe_peer
 from nodeagent.probes.transport import ProbeFailed
 from nodeagent.run.discovery import Discovered, PeerDiscovery
@@ -38,8 +45,9 @@ Listing = Mapping[str, tuple[PeerRef, ...]]  # rail -> the peers it probes
 
 
 def round_period(peers: Peers, listing: Listing) -> float:
-    """Seconds between a rail's rounds: `interval`, or longer when its peers are many."""
-    most = max((len(p) for p in listing.values()), default=0)
+    """Seconds between a rail's rounds: `interval`, or longer when its peers (each probed
+    in every class) are many."""
+    most = max((len(p) for p in listing.values()), default=0) * len(peers.probed_classes)
     return max(peers.interval, most / MAX_RATE)
 
 
@@ -72,7 +80,7 @@ def served_rails(cfg: Config, listing: Listing, targets: Targets) -> dict[str, S
 
 @dataclass
 class _Track:
-    """One listed peer on one rail, as the prober follows it."""
+    """One listed peer on one rail in one traffic class, as the prober follows it."""
 
     last: PeerOutcome | None = None  # the last probe's outcome
     failing: int = 0  # failed probes in a row
@@ -93,7 +101,7 @@ class PeerProber(Periodic):
         self._ends: dict[str, RailEnd] = {}
         # Rounds not handed over yet (quiet ones are batched), and the last outcomes.
         self._pending: dict[str, list[PeerProbe]] = {}
-        self._tracks: dict[tuple[str, str], _Track] = {}  # (rail, address): listed peers'
+        self._tracks: dict[tuple[str, str, int], _Track] = {}  # (rail, address, class)
         self._delivered_at = 0.0
         # Each rail's peers (static, then discovered), set by the service; None until
         # discovery has run once (static peers alone: from the start).
@@ -109,7 +117,8 @@ class PeerProber(Periodic):
         if peers is None or targets is None or listing is None:
             return 0.5
         self._close_ends(keep={r: t for r, t in targets.ready.items() if listing.get(r)})
-        listed = {(rail, p.address) for rail, refs in listing.items() for p in refs}
+        listed = {(rail, p.address, tc) for rail, refs in listing.items() for p in refs
+                  for tc in peers.probed_classes}
         self._tracks = {k: t for k, t in self._tracks.items() if k in listed}
         probes: dict[str, tuple[PeerProbe, ...]] = {}
         for rail, target in targets.ready.items():
@@ -137,7 +146,7 @@ class PeerProber(Periodic):
         for rail, got in probes.items():
             self._pending.setdefault(rail, []).extend(got)
             for p in got:
-                track = self._tracks.setdefault((rail, p.address), _Track())
+                track = self._tracks.setdefault((rail, p.address, p.traffic_class), _Track())
                 run = track.failing + 1 if p.outcome != PeerOutcome.OK else 0
                 # Each failure until the verdict counts; a verdict that stands is quiet.
                 news |= p.outcome != track.last or 0 < run <= failures
@@ -165,17 +174,20 @@ class PeerProber(Periodic):
                 return [PeerProbe(rail, p.address, p.node, PeerOutcome.LOCAL, why, at=now)
                         for p in listed]
             self._ends[rail] = end
-        out = []
+        out: list[PeerProbe] = []
         for p in listed:
-            if halted():
-                break
-            track = self._tracks.setdefault((rail, p.address), _Track())
-            track.probed += 1
-            every = peers.bandwidth_every
-            got = probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
-                             peers.timeout, bandwidth=bool(every) and track.probed % every == 0)
-            self.own_rdma.charge(rail, got.moved)
-            out.append(got)
+            for tc in peers.probed_classes:
+                if halted():
+                    return out
+                track = self._tracks.setdefault((rail, p.address, tc), _Track())
+                track.probed += 1
+                every = peers.bandwidth_every
+                got = probe_peer(end, rail, p.address, p.node, peers.port, peers.reads,
+                                 peers.timeout,
+                                 bandwidth=bool(every) and track.probed % every == 0,
+                                 klass=Class(tc, peers.service_level))
+                self.own_rdma.charge(rail, got.moved)
+                out.append(got)
         return out
 
     def _close_ends(self, keep: dict[str, RailEndpoint]) -> None:

@@ -37,11 +37,12 @@ from nodeagent.io.wakeable import WakeableSelector
 from nodeagent.model.peers import RailEndpoint
 from nodeagent.probes.peer import BUFFER, RailEnd, gid_text, ibv_mtu, mtu_bytes, probe_volume
 from nodeagent.probes.peerwire import (
-    HELLO_SIZE,
+    MAX_HELLO_SIZE,
     Accept,
     Refusal,
     Refuse,
     WireError,
+    hello_size,
     ipv4_gid,
     pack_reply,
     parse_hello,
@@ -259,7 +260,7 @@ class Responder(threading.Thread):
 
     def _readable(self, conn: _Conn) -> None:
         try:
-            chunk = conn.sock.recv(HELLO_SIZE + 1 - len(conn.data))
+            chunk = conn.sock.recv(MAX_HELLO_SIZE + 1 - len(conn.data))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -269,9 +270,10 @@ class Responder(threading.Thread):
             self._close(conn, None if not chunk or conn.qp is None else "after-hello")
             return
         conn.data += chunk
-        if len(conn.data) < HELLO_SIZE:
+        size = hello_size(conn.data)
+        if len(conn.data) < size:
             return
-        if len(conn.data) > HELLO_SIZE:
+        if len(conn.data) > size:
             self._close(conn, "oversized")
             return
         self._answer(conn)
@@ -302,7 +304,8 @@ class Responder(threading.Thread):
             connect_rc(qp, rail.end.at.port, rail.end.at.gid_index, hello.qpn,
                        GID(gid_text(hello.gid)), remote_psn=hello.psn,
                        local_psn=hello.psn ^ 0x5A5A5A, mtu=ibv_mtu(mtu),
-                       access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ)
+                       access=e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ,
+                       traffic_class=hello.traffic_class, service_level=hello.service_level)
         except Exception as exc:  # ProbeFailed, or pyverbs' own errors from any call
             self._warn(conn.rail, f"cannot answer {conn.peer}: {one_line(exc)}")
             if rail.end is not None and conn.qp is None:

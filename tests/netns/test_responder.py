@@ -150,9 +150,24 @@ def test_a_valid_hello_without_a_device_is_told_so(wire: tuple[Netns, Netns],
     assert responder.own_rdma.so_far("rail0") == (RDMAVolume(), RDMAVolume())
 
 
+def test_a_classed_hello_is_read_whole_in_pieces_and_answered(wire: tuple[Netns, Netns],
+                                                               responder: Responder) -> None:
+    # Version 2 (a traffic class): 36 bytes, sent as its first 32 (a version 1 length)
+    # and the rest; the responder waits for all of it, then answers as for any Hello.
+    hello = pack_hello(Hello(0x1234, 0x42, ipv4_gid(KNOWN), 4096, 104, 3))
+    s = connect(wire[1], KNOWN)
+    s.sendall(hello[:HELLO_SIZE])
+    time.sleep(0.2)
+    s.sendall(hello[HELLO_SIZE:])
+    assert parse_reply(read_all(s)) == Refuse(Refusal.DEVICE)
+    s.close()
+    assert not responder.counts.dropped
+
+
 @pytest.mark.parametrize("payload,kind", [
     (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".ljust(HELLO_SIZE, b"\0"), "garbage"),
     (b"\0" * (HELLO_SIZE + 8), "oversized"),
+    (pack_hello(Hello(1, 2, ipv4_gid(KNOWN), 4096, 104)) + b"\0", "oversized"),
 ])
 def test_garbage_or_oversized_handshakes_are_closed_without_a_reply(
         wire: tuple[Netns, Netns], responder: Responder, payload: bytes, kind: str) -> None:

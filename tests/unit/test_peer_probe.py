@@ -292,7 +292,7 @@ def test_not_probed_skipped_or_stale_rails_are_unknown() -> None:
 def test_a_round_forgets_peers_no_longer_probed_and_skipped_rails() -> None:
     h = history(HEALTHY)
     h.observe_round({"rail0": [probe("10.10.0.6", OK)]}, ["rail1"], window=60)
-    assert set(h.probes) == {("rail0", "10.10.0.6")}
+    assert set(h.probes) == {("rail0", "10.10.0.6", 0)}
 
 
 def test_the_window_keeps_the_latest_probes_and_counts_loss() -> None:
@@ -323,18 +323,19 @@ def test_each_peer_is_in_the_status_and_the_metrics() -> None:
     metrics.update(Status(report=report))
     text = generate_latest(metrics.registry).decode()
     who = 'node="gpu-07",peer="10.10.0.7",rail="rail0"'
-    assert f"nodeagent_rdma_peer_reachable{{{who}}} 0.0" in text
-    assert f'nodeagent_rdma_peer_probes_total{{{who},result="RoCE failed"}} 2.0' in text
-    assert f'nodeagent_rdma_peer_probes_total{{{who},result="ok"}} 1.0' in text
-    assert f"nodeagent_rdma_peer_loss_ratio{{{who}}} 0.6666666666666666" in text
+    tc = 'traffic_class="0"'
+    assert f"nodeagent_rdma_peer_reachable{{{who},{tc}}} 0.0" in text
+    assert f'nodeagent_rdma_peer_probes_total{{{who},result="RoCE failed",{tc}}} 2.0' in text
+    assert f'nodeagent_rdma_peer_probes_total{{{who},result="ok",{tc}}} 1.0' in text
+    assert f"nodeagent_rdma_peer_loss_ratio{{{who},{tc}}} 0.6666666666666666" in text
     assert ('nodeagent_rdma_peer_rtt_seconds{node="gpu-06",peer="10.10.0.6",quantile="0.5",'
-            'rail="rail0"} 2.1e-05') in text
+            'rail="rail0",traffic_class="0"} 2.1e-05') in text
     peers = report.as_dict()["rails"][0]["peers"]
     assert peers[1] | {"loss": 0} == {
         "address": "10.10.0.7", "node": "gpu-07", "outcome": "RoCE failed",
         "error": "retry exceeded error", "failing_for": 2, "failing": True, "probes": 3,
         "loss": 0, "mtu": 4096, "rtt_p50_us": 21.0, "rtt_p99_us": 22.0,
-        "bandwidth_gbps": None}
+        "bandwidth_gbps": None, "traffic_class": 0}
 
 
 def test_the_latest_bandwidth_sample_in_the_window_is_reported() -> None:
@@ -355,7 +356,7 @@ def test_the_latest_bandwidth_sample_in_the_window_is_reported() -> None:
     metrics.update(Status(report=Report(node="n", findings=[], rails=[
         RailStatus("rail0", "r0", peers=(stats,))])))
     assert ('nodeagent_rdma_peer_bandwidth_bits_per_second{node="gpu-06",peer="10.10.0.6",'
-            'rail="rail0"} 2e+09') in generate_latest(metrics.registry).decode()
+            'rail="rail0",traffic_class="0"} 2e+09') in generate_latest(metrics.registry).decode()
 
 
 def test_quiet_rounds_are_batched_and_any_failure_or_change_goes_at_once() -> None:
@@ -421,7 +422,7 @@ def test_a_hostile_reply_never_sets_the_qp_up(reply: Accept | Refuse, words: str
     import time
     from types import SimpleNamespace
 
-    from nodeagent.probes.peer import RailEnd, _Failed, _handshake
+    from nodeagent.probes.peer import CLASS_0, RailEnd, _Failed, _handshake
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -439,7 +440,7 @@ def test_a_hostile_reply_never_sets_the_qp_up(reply: Accept | Refuse, words: str
     with pytest.raises(_Failed) as got:
         # Only the QP's number goes into the Hello: a namespace stands in for pyverbs' QP.
         _handshake(end, SimpleNamespace(qp_num=5), "127.0.0.1", server.getsockname()[1],
-                   time.monotonic() + 5, 1)
+                   time.monotonic() + 5, 1, CLASS_0)
     server.close()
     assert got.value.outcome == PeerOutcome.REFUSED and words in got.value.error
 
@@ -451,9 +452,12 @@ def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
 
     asked: list[bool] = []
 
+    classes: list[int] = []
+
     def fake_probe(end, rail, address, node, port, reads, timeout,  # type: ignore[no-untyped-def]
-                   bandwidth=False):
+                   bandwidth=False, klass=None):
         asked.append(bandwidth)
+        classes.append(klass.traffic_class)
         return replace(probe(address, OK), moved=RDMAVolume(40, 4000) if bandwidth
                        else RDMAVolume(4, 400))
 
@@ -473,6 +477,16 @@ def test_a_peers_first_probe_and_every_nth_after_take_the_bandwidth_sample(
     asked.clear()
     prober._probe_rail("rail0", target, (PeerRef("10.10.0.7"),), never.peers, lambda: False)
     assert asked == [False]
+    # In two classes: each peer probed in each, its samples counted per class.
+    two = parse_config({"rails": RAILS, "peers": {"static": PEERS, "bandwidth_every": 2,
+                                                  "classes": [0, 104]}})
+    asked.clear()
+    classes.clear()
+    for _ in range(2):
+        prober._probe_rail("rail0", target, (PeerRef("10.10.0.8"), PeerRef("10.10.0.9")),
+                           two.peers, lambda: False)
+    assert classes == [0, 104, 0, 104] * 2
+    assert asked == [True] * 4 + [False] * 4
 
 
 @pytest.mark.parametrize(("late", "outcome"), [(True, PeerOutcome.ROCE_FAILED),
