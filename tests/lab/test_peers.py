@@ -418,3 +418,37 @@ def test_4i_preflight_refuses_where_the_device_is_hidden_and_a_job_dies_where_ro
     assert write_bw(a, b, mtu=1024), "perftest at MTU 1024 fails"
     b.ssh("nft flush ruleset")
     both_reach_each_other(a, b)
+
+
+def test_4j_a_dropped_lossless_class_is_named_where_class_0_alone_passes(
+        guest: VM, node_b: VM) -> None:
+    """The lab guest probes in class 0 and in the jobs' class 104 (DSCP 26, where a site's
+    PFC puts RoCE); the peer node in class 0 alone, as before classes. DSCP 26 dropped on
+    the peer (a switch whose PFC or DSCP trust is wrong for that priority): the guest names
+    the class while its class 0 passes, and the peer, over the same wire, stays True."""
+    a, b = guest, node_b
+    at_once(lambda: reset_fab(a), lambda: reset_fab(b))
+    try:
+        classed = {**peers_of("10.20.0.2", "lab-b"), "traffic_class": 104, "classes": [0, 104]}
+        at_once(lambda: start_agent(a, rails=[A_RAIL], peers=classed),
+                lambda: start_agent(b, node_name="lab-b", rails=[B_RAIL],
+                                    peers=peers_of("10.20.0.1", "lab")))
+        both_reach_each_other(a, b)
+        assert "fab0 class 104: 1 of 1 peers reached over RoCE" in peers_message(a)
+        got = {p["traffic_class"]: p["outcome"] for p in status(a)["rails"][0]["peers"]}
+        assert got == {0: "ok", 104: "ok"}, got
+        b.ssh("nft add table inet lab && nft add chain inet lab in '{ type filter hook input "
+              "priority 0; }' && nft add rule inet lab in udp dport 4791 ip dscp 26 drop")
+        took = until_condition(a, ("False", "TrafficClassDropped"), 30, "the class named")
+        message = peers_message(a)
+        assert ("fab0: class 104 (DSCP 26) (the jobs' class, NCCL_IB_TC) fails to 1 of 1 "
+                "peers over RoCE while class 0 passes") in message, message
+        assert "RDMAPeersReachable=False (TrafficClassDropped)" in fabric_message(a)
+        # The same wire probed in class 0 alone: every probe passes, the gap side by side.
+        assert condition(b, PEERS) == ("True", "PeersReachable"), peers_message(b)
+        print(f"DSCP 26 dropped on the path: TrafficClassDropped in {took:.1f} s; class 0 "
+              "passes, and a class-0-only prober stays True")
+        b.ssh("nft flush ruleset")
+        until_condition(a, ("True", "PeersReachable"), 60, "the class passes again")
+    finally:
+        at_once(lambda: reset_fab(a), lambda: reset_fab(b))
