@@ -15,20 +15,22 @@ import os
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nodeagent.checks.conditions import CONDITIONS
 from nodeagent.cli.mesh import (
     PeerCount,
+    SwitchFault,
     mesh_cells,
     mesh_document,
     peer_counts,
     peers_text,
     render_grid,
     suspects,
+    switch_faults,
 )
 from nodeagent.config import parse_duration
 from nodeagent.io.files import one_line, printable
@@ -58,6 +60,8 @@ class FleetRow:
     # rail -> its peers passing and probed, from the node's own probes (its Lease)
     peers: dict[str, PeerCount] = field(default_factory=dict)
     switches: dict[str, str] = field(default_factory=dict)  # rail -> switch (LLDP, labels)
+    # rail -> its switch, where that switch is named for failing outward (switch_faults)
+    switch_faults: dict[str, str] = field(default_factory=dict)
 
 
 _SHOWN = frozenset(c.type for c in CONDITIONS)
@@ -68,9 +72,16 @@ DEFAULT_STALE = 180.0  # seconds, for a Lease that states no duration (the agent
 def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
                resource: str, taint_key: str, now: float, stale_after: float | None,
                taint_older: float) -> list[FleetRow]:
-    """Rows from the API's objects; a field of the wrong shape reads as absent, never as a
-    crash (the objects are another program's data). An agent is stale past `stale_after`,
-    or by default past its own Lease's duration (what it promised when it renewed)."""
+    return fleet_view(nodes, leases, resource, taint_key, now, stale_after, taint_older)[0]
+
+
+def fleet_view(nodes: Iterable[Any], leases: Iterable[Any],
+               resource: str, taint_key: str, now: float, stale_after: float | None,
+               taint_older: float) -> tuple[list[FleetRow], list[SwitchFault]]:
+    """Rows from the API's objects, and the switches named for their nodes' failures; a
+    field of the wrong shape reads as absent, never as a crash (the objects are another
+    program's data). An agent is stale past `stale_after`, or by default past its own
+    Lease's duration (what it promised when it renewed)."""
     renewed = {}
     holds: dict[str, float] = {}
     for lease in filter(None, map(read_lease, leases)):
@@ -80,8 +91,18 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
     rows = []
     firmware: dict[str, tuple[str, str]] = {}  # node -> (HCA type, firmware) from labels
     cells = mesh_cells(leases)
-    counts, suspect = peer_counts(cells), suspects(cells)
-    for node in map(read_node, nodes):
+    views = list(map(read_node, nodes))
+    faults = switch_faults(cells, {(n.name, rail): switch for n in views
+                                   for rail, switch in switches_of(n.labels).items()})
+    named: dict[str, dict[str, str]] = defaultdict(dict)  # node -> rail -> switch named
+    for f in faults:
+        for n in f.nodes:
+            named[n][f.rail] = f.switch
+    counts = peer_counts(cells)
+    # A node under a switch named for the rail is not suspect there: the switch is.
+    suspect = {node: rails for node, got in suspects(cells).items()
+               if (rails := [r for r in got if r not in named.get(node, {})])}
+    for node in views:
         name = node.name
         fabric = node.condition(FABRIC_READY)
         taint = node.taint(taint_key)
@@ -103,8 +124,11 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
             row.flags.append("no-rdma")
         row.peers = counts.get(name, {})
         row.switches = switches_of(node.labels)
+        row.switch_faults = dict(sorted(named.get(name, {}).items()))
         if name in suspect:
             row.flags.append("peer-suspect")
+        if row.switch_faults:
+            row.flags.append("switch-suspect")
         changed = timestamp(since)
         if row.tainted and changed is not None and now - changed > taint_older:
             row.flags.append("taint-old")
@@ -113,7 +137,7 @@ def fleet_rows(nodes: Iterable[Any], leases: Iterable[Any],
     for row in rows:
         if firmware_minority(firmware, row.node):
             row.flags.append("fw-minority")
-    return sorted(rows, key=lambda r: (not r.flags, r.fabric == "True", r.node))
+    return sorted(rows, key=lambda r: (not r.flags, r.fabric == "True", r.node)), faults
 
 
 def firmware_minority(firmware: Mapping[str, tuple[str, str]], node: str) -> bool:
@@ -148,7 +172,15 @@ def _cell(condition: Mapping[str, str] | None) -> str:
 
 
 def render_table(rows: list[FleetRow], now: float, wide: bool = False,
-                 color: bool = False) -> str:
+                 color: bool = False, faults: Sequence[SwitchFault] = ()) -> str:
+    """The table, then a line for each switch named (once, with its nodes)."""
+    table = _table(rows, now, wide, color)
+    if not faults:
+        return table
+    return table + "\n" + "".join(f"{f.words}\n" for f in faults)
+
+
+def _table(rows: list[FleetRow], now: float, wide: bool, color: bool) -> str:
     head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS"]
     if wide:
         head[3:3] = [c.column for c in COLUMNS]
@@ -178,7 +210,7 @@ def render_table(rows: list[FleetRow], now: float, wide: bool = False,
 
 
 def render(rows: list[FleetRow], output: str, now: float, color: bool,
-           headers: bool = True) -> str:
+           headers: bool = True, faults: Sequence[SwitchFault] = ()) -> str:
     if output in ("json", "yaml"):
         doc = {"apiVersion": "v1", "kind": "List", "metadata": {},
                "items": [asdict(r) for r in rows]}
@@ -189,7 +221,7 @@ def render(rows: list[FleetRow], output: str, now: float, color: bool,
         return json.dumps(doc, indent=2) + "\n"
     if output == "name":
         return "".join(f"node/{printable(r.node)}\n" for r in rows)
-    table = render_table(rows, now, wide=output == "wide", color=color)
+    table = render_table(rows, now, wide=output == "wide", color=color, faults=faults)
     return table if headers else table.split("\n", 1)[1]
 
 
@@ -314,9 +346,10 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
         if view == "mesh":
             text = render_mesh(leases, getattr(args, "rail", None), args.output, color)
         else:
-            rows = fleet_rows(nodes, leases, args.resource, args.taint_key, now,
-                              args.stale_after, args.taint_older)
-            text = render(rows, args.output, now, color, headers=not args.no_headers)
+            rows, faults = fleet_view(nodes, leases, args.resource, args.taint_key, now,
+                                      args.stale_after, args.taint_older)
+            text = render(rows, args.output, now, color, headers=not args.no_headers,
+                          faults=faults)
         if args.watch and color:
             out.write("\033[H\033[J")  # redraw in place on a terminal
         out.write(text)

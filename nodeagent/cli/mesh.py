@@ -5,7 +5,10 @@ condition messages.
 `kubectl fabric` shows per node and rail how many of its peers pass, and flags a node as
 `peer-suspect` on a rail when most nodes that probe it fail over RoCE while they pass with
 their other peers (Pingmesh's localisation: the fault is at the probed node, not at its
-probers). `kubectl fabric mesh` draws the prober x target matrix of one rail or all.
+probers). With each rail's switch known (the agents' LLDP labels), a switch whose nodes
+fail to and from the other switches' nodes is named once with its nodes, and they are not
+peer-suspect for it (R-Pingmesh's ToR-mesh against inter-ToR probes). `kubectl fabric
+mesh` draws the prober x target matrix of one rail or all.
 """
 
 from __future__ import annotations
@@ -103,6 +106,65 @@ def suspects(cells: Iterable[MeshCell]) -> dict[str, list[str]]:
         if 2 * healthy > len(failing):
             out[target].append(rail)
     return dict(out)
+
+
+@dataclass(frozen=True)
+class SwitchFault:
+    """A switch named once for its nodes on a rail: most probes between its nodes and
+    nodes under other switches fail over RoCE, touching most of its nodes (a leaf, or its
+    uplinks, not one node under it)."""
+
+    rail: str
+    switch: str
+    nodes: tuple[str, ...]  # every node the switch serves on the rail, failing or not
+    outward: PeerCount  # probes to and from nodes under other switches: passing/probed
+    among: PeerCount  # probes among its own nodes
+
+    @property
+    def words(self) -> str:
+        failing = self.outward.probed - self.outward.passing
+        where = (f"{self.among.passing} of {self.among.probed} among its nodes pass: its "
+                 "uplinks or its routes out" if self.among.probed
+                 and 2 * self.among.passing >= self.among.probed else
+                 f"{self.among.probed - self.among.passing} of {self.among.probed} among its "
+                 "nodes fail too: the switch itself" if self.among.probed else
+                 "none probed among its nodes")
+        return (f"switch {printable(self.switch)} on {printable(self.rail)}: {failing} of "
+                f"{self.outward.probed} probes to and from other switches fail over RoCE; "
+                f"{where} ({len(self.nodes)} nodes: "
+                f"{', '.join(printable(n) for n in self.nodes)})")
+
+
+def switch_faults(cells: Iterable[MeshCell], switch_of: Mapping[tuple[str, str], str]
+                  ) -> list[SwitchFault]:
+    """Each (rail, switch) whose nodes fail outward or fail outright, from the nodes'
+    published verdicts and each node's switch per rail (its LLDP label). Linear in the
+    cells: each is looked at from its prober's switch and its target's."""
+    members: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for (node, rail), switch in switch_of.items():
+        members[(rail, switch)].add(node)
+    touching: dict[tuple[str, str], list[MeshCell]] = defaultdict(list)
+    for c in cells:
+        ends = {switch_of.get((c.prober, c.rail)), switch_of.get((c.target, c.rail))}
+        for end in ends:
+            if end is not None:
+                touching[(c.rail, end)].append(c)
+    out = []
+    for (rail, switch), nodes in sorted(members.items()):
+        if len(nodes) < 2:
+            continue  # one node under a switch is that node: peer-suspect says it
+        seen = touching.get((rail, switch), [])
+        outward = [c for c in seen if (c.prober in nodes) != (c.target in nodes)]
+        among = [c for c in seen if c.prober in nodes and c.target in nodes]
+        failing = [c for c in outward if c.verdict in FAULTS]
+        hit = {c.prober if c.prober in nodes else c.target for c in failing}
+        if len(outward) < 2 or 2 * len(failing) <= len(outward) or 2 * len(hit) <= len(nodes):
+            continue
+        out.append(SwitchFault(rail, switch, tuple(sorted(nodes)),
+                               PeerCount(len(outward) - len(failing), len(outward)),
+                               PeerCount(sum(c.verdict == MeshVerdict.OK for c in among),
+                                         len(among))))
+    return out
 
 
 def _order(cells: list[MeshCell]) -> list[str]:
