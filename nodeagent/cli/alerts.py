@@ -31,6 +31,7 @@ class Windows:
     no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
     cannot_run_for: str = "5m"  # an agent says the plugin cannot run on its node
     peer_suspect_for: str = "2m"  # most probers of a node fail while the rail is healthy
+    switch_suspect_for: str = "2m"  # the nodes under a switch fail most of their probes
 
 
 def ksm_label(name: str) -> str:
@@ -47,7 +48,8 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str,
 def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
     dp = cfg.device_plugin or DevicePlugin()
     kube = cfg.kubernetes or Kubernetes()
-    rules = [*_plugin_alerts(dp, w), *_node_alerts(kube, dp, w), _peer_suspect(w)]
+    rules = [*_plugin_alerts(dp, w), *_node_alerts(kube, dp, w), _peer_suspect(w),
+             _switch_suspect(w)]
     if kube.taint is None:  # conditions only: the taint belongs to a readiness rule
         rules = [r for r in rules if r["alert"] != "FabricTaintStuck"]
     return [{"name": GROUP, "rules": rules}]
@@ -147,20 +149,53 @@ def prometheus_rule(groups: list[dict[str, Any]], namespace: str) -> dict[str, A
             "spec": {"groups": groups}}
 
 
+# The rail as a whole mostly passes: a fault of one place, not the fabric's.
+_RAIL_PASSES = ("on (rail) (sum by (rail) (nodeagent_rdma_peer_reachable)\n"
+                "  / count by (rail) (nodeagent_rdma_peer_reachable)) >= 0.5")
+# Each peer verdict with the prober's switch on that rail (its LLDP info metric).
+_BY_SWITCH = "* on (instance, rail) group_left (switch) nodeagent_rail_switch_info"
+# The switches most of whose nodes (two at least) each fail most of their probes on a rail
+# (one bad node under a switch of two is not most of them).
+_SWITCHES_FAILING = (
+    "(count by (rail, switch) ((sum by (instance, rail) (1 - nodeagent_rdma_peer_reachable)\n"
+    "  / count by (instance, rail) (nodeagent_rdma_peer_reachable) > 0.5)\n"
+    f"  {_BY_SWITCH})\n"
+    "  / count by (rail, switch) (nodeagent_rail_switch_info)) > 0.5\n"
+    "and on (rail, switch) count by (rail, switch) (nodeagent_rail_switch_info) >= 2\n"
+    f"and {_RAIL_PASSES}")
+
+
 def _peer_suspect(w: Windows) -> dict[str, Any]:
     """Pingmesh's localisation, from the agents' peer metrics: `node` is the probed node,
     `instance` the prober. More than half of a node's probers (two at least) fail to reach
-    it over RoCE, while the rail as a whole mostly passes."""
+    it over RoCE, while the rail as a whole mostly passes, and the node's switch on the
+    rail is not failing (RDMASwitchSuspect names it instead)."""
     return _alert(
         "RDMAPeerSuspect",
         "(count by (rail, node) (nodeagent_rdma_peer_reachable == 0)\n"
         "  / count by (rail, node) (nodeagent_rdma_peer_reachable)) > 0.5\n"
         "and on (rail, node) count by (rail, node) (nodeagent_rdma_peer_reachable) >= 2\n"
-        "and on (rail) (sum by (rail) (nodeagent_rdma_peer_reachable)\n"
-        "  / count by (rail) (nodeagent_rdma_peer_reachable)) >= 0.5",
+        f"and {_RAIL_PASSES}\n"
+        "unless on (rail, node) (nodeagent_rail_switch_info * on (rail, switch) group_left ()\n"
+        f"  ({_SWITCHES_FAILING}))",
         w.peer_suspect_for, "warning",
         "Node {{ $labels.node }} is unreachable over RoCE on {{ $labels.rail }} from most "
         "of its peers",
         "{{ $value | humanizePercentage }} of the nodes that probe it fail over RoCE, "
         "while the rail passes elsewhere: its link, switch port or VLAN is the suspect.",
+    )
+
+
+def _switch_suspect(w: Windows) -> dict[str, Any]:
+    """R-Pingmesh's ToR localisation, from the peer metrics joined with each prober's
+    switch (nodeagent_rail_switch_info, with an lldp section): the nodes under a switch
+    fail most of their probes on a rail while the rail as a whole passes. Named once, for
+    the switch; its nodes are not RDMAPeerSuspect for it."""
+    return _alert(
+        "RDMASwitchSuspect", _SWITCHES_FAILING, w.switch_suspect_for, "warning",
+        "Switch {{ $labels.switch }}: its nodes fail most of their RoCE probes on "
+        "{{ $labels.rail }}",
+        "{{ $value | humanizePercentage }} of the nodes under it fail most of their probes "
+        "over RoCE while the rail passes elsewhere: the switch or its uplinks are the "
+        "suspect, not each node under it.",
     )

@@ -101,6 +101,7 @@ class AgentMetrics(Collector):
         yield changed
         yield BUILD_INFO
         yield from _rails(status.report.rails)
+        yield from _switches(status.report.node, status.report.rails)
         yield from _ports(status.report.rails)
         yield from _kube(status.kubernetes)
         yield from _lustre(status.lustre or ())
@@ -209,6 +210,19 @@ def _transport(rails: Iterable[RailStatus]) -> Iterable[Metric]:
             bandwidth.add_metric([r.name], t.bandwidth_gbps * 1e9)
     yield from (ok, latency, bandwidth)
     yield from _peers(rails)
+
+
+def _switches(node: str, rails: Iterable[RailStatus]) -> Iterable[Metric]:
+    """Each rail's switch while its LLDP holds, with this node's name (as the peer
+    metrics' `node` names a probed node): what the alert rules join the peer verdicts on,
+    to name a switch once rather than each node under it."""
+    info = GaugeMetricFamily("nodeagent_rail_switch_info", "The switch at the far end of "
+                             "the rail, from LLDP (1 while its TTL holds).",
+                             labels=["node", "rail", "switch", "port"])
+    for r in rails:
+        if r.switch is not None:
+            info.add_metric([node, r.name, r.switch.switch, r.switch.port], 1.0)
+    yield info
 
 
 def _peers(rails: Iterable[RailStatus]) -> Iterable[Metric]:

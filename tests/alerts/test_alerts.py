@@ -47,7 +47,7 @@ def test_promtool_accepts_the_rules() -> None:
     res = subprocess.run([promtool(), "check", "rules", str(ALERTS / "nodeagent-rules.yaml")],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 7 rules found" in res.stdout
+    assert "SUCCESS: 8 rules found" in res.stdout
 
 
 def test_promtool_rule_tests() -> None:
