@@ -8,9 +8,13 @@ Labels (selectable by the API server, so a peer sample costs a bounded list):
   groups of about 1/16, 1/256 and 1/4096 of the fleet (run/discovery.py lists the finest
   group that holds enough peers);
 - `net.nodeagent.io/<network>` (e.g. `10.10.1.0-24`), one per rail: the fallback list of
-  every agent on one rail network, for a network too small for any group.
+  every agent on one rail network, for a network too small for any group;
+- `switch.nodeagent.io/<rail>` = the switch the rail hears over LLDP (label-safe), with an
+  lldp section: the list of the agents under one switch (a leaf's 32 or so), from which
+  discovery takes its share of same-switch peers.
 Annotations:
-- `nodeagent.io/peer-card`: `{"port": 18600, "rails": {"rail0": "10.10.0.5/24", ...}}`;
+- `nodeagent.io/peer-card`: `{"port": 18600, "rails": {"rail0": "10.10.0.5/24", ...},
+  "switches": {"rail0": "leaf-07-r0", ...}}` (switches only where heard);
 - `nodeagent.io/peer-mesh`: `{"rail0": {"10.10.0.6": "ok", "10.10.0.7": "roce"}, ...}`.
 """
 
@@ -21,16 +25,18 @@ import ipaddress
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nodeagent.io.files import parse_json_state
 from nodeagent.kube.fields import obj, text, timestamp
+from nodeagent.model.kube import label_value
 from nodeagent.model.peers import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats
 from nodeagent.model.status import RailStatus
 
 RING = "ring.nodeagent.io/p"
 NET = "net.nodeagent.io/"
+SWITCH = "switch.nodeagent.io/"
 CARD = "nodeagent.io/peer-card"
 MESH = "nodeagent.io/peer-mesh"
 RING_LEVELS = (3, 2, 1)  # hex digits of the group label, finest first
@@ -58,14 +64,22 @@ def card_labels(card: PeerCard) -> dict[str, str]:
     h = ring_hash(card.node)
     labels = {ring_label(level): h[:level] for level in RING_LEVELS}
     labels.update({net_label(r.network): "" for r in card.rails})
+    labels.update({switch_key(r.name): r.switch for r in card.rails if r.switch})
     return labels
 
 
+def switch_key(rail: str) -> str:
+    return SWITCH + rail
+
+
 def card_annotation(card: PeerCard) -> str:
-    return json.dumps({"port": card.port,
-                       "rails": {r.name: f"{r.address}/{_prefix(r.network)}"
-                                 for r in card.rails}},
-                      sort_keys=True, separators=(",", ":"))
+    doc: dict[str, Any] = {"port": card.port,
+                           "rails": {r.name: f"{r.address}/{_prefix(r.network)}"
+                                     for r in card.rails}}
+    switches = {r.name: r.switch for r in card.rails if r.switch}
+    if switches:
+        doc["switches"] = switches
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 def _prefix(network: str) -> int:
@@ -103,9 +117,14 @@ def _worst_by_peer(stats: Iterable[PeerStats]) -> dict[str, str]:
 
 def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus]) -> tuple[
         dict[str, str], dict[str, str]]:
-    """The labels and annotations of the agent's Lease: none without a card."""
+    """The labels and annotations of the agent's Lease: none without a card. Each rail's
+    switch, where it hears one, goes on the card from the rails' status."""
     if card is None:
         return {}, {}
+    rails = list(rails)
+    heard = {r.name: name for r in rails if r.switch is not None
+             and (name := label_value(r.switch.switch))}
+    card = replace(card, rails=tuple(replace(r, switch=heard.get(r.name)) for r in card.rails))
     return card_labels(card), {CARD: card_annotation(card), MESH: mesh_annotation(rails)}
 
 
@@ -183,6 +202,7 @@ def parse_card(lease: Any) -> PeerCard | None:
             or not 0 < port < 65536:
         return None
     rails = []
+    switches = obj(doc.get("switches"))
     for name, value in list(obj(doc.get("rails")).items())[:MAX_RAILS]:
         if not isinstance(value, str) or not _RAIL.fullmatch(name):
             continue
@@ -195,7 +215,10 @@ def parse_card(lease: Any) -> PeerCard | None:
             continue
         if net.prefixlen < 31 and ip in (net.network_address, net.broadcast_address):
             continue  # the subnet's own or broadcast address: no host's
-        rails.append(CardRail(name, str(ip), str(iface.network)))
+        switch = switches.get(name)
+        rails.append(CardRail(name, str(ip), str(iface.network),
+                              switch if isinstance(switch, str) and switch
+                              and label_value(switch) == switch else None))
     return PeerCard(node, port, tuple(rails)) if rails else None
 
 

@@ -157,6 +157,9 @@ class Targets:
 
     ready: Mapping[str, RailEndpoint] = field(default_factory=dict)
     skipped: Mapping[str, str] = field(default_factory=dict)
+    # rail -> the switch it hears over LLDP now (with an lldp section): discovery takes a
+    # share of peers under the same switch and a share under others
+    switches: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class CardRail:
     name: str
     address: str  # the rail's IPv4 address
     network: str  # the rail's network (CIDR): peers are found on the same one
+    switch: str | None = None  # the switch it hears over LLDP, label-safe; None: not known
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,21 @@ cache, not from etcd), repeated every `peers.discover_interval` (default 10 min)
 
 Within what it listed, a rail takes the `sample` agents that follow this node on the ring
 (sha256 of node names), so each agent is probed by about `sample` others, not by all.
+
+With the rail's switch known (LLDP), half its sample (rounded down) comes from under the
+same switch, found by one more list per rail (`switch.nodeagent.io/<rail>=<switch>`: a
+leaf's agents, a few dozen whatever the fleet), the rest from under other switches: the
+ToR-mesh and inter-ToR shares of R-Pingmesh, so `fleet` can tell a switch's fault (its
+nodes fail outward, pass among themselves) from a node's. A share short of agents is
+filled from the other.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeagent.config import MAX_PEERS, Config
@@ -34,6 +41,7 @@ from nodeagent.kube.peercard import (
     parse_card,
     ring_hash,
     ring_label,
+    switch_key,
 )
 from nodeagent.model.peers import CardRail, PeerCard, PeerRef
 
@@ -53,24 +61,30 @@ def own_card(cfg: Config) -> PeerCard | None:
     return PeerCard(cfg.resolved_node_name(), cfg.peers.port, rails) if rails else None
 
 
-def choose(own: PeerCard, cards: Iterable[PeerCard], sample: int) -> dict[str, tuple[PeerRef,
-                                                                                   ...]]:
+def choose(own: PeerCard, cards: Iterable[PeerCard], sample: int,
+           fill: bool = True) -> dict[str, tuple[PeerRef, ...]]:
     """Per rail of `own`: the `sample` agents on its network that follow this node on the
-    ring, one address each, nearest first."""
+    ring, one address each, nearest first; with the rail's switch known, half of them
+    (rounded down) under the same switch and the rest under others, the other-switch
+    share filled from the same switch when short only with `fill` (discovery lists a
+    coarser group first)."""
     mine = int(ring_hash(own.node), 16)
-    others = sorted(((int(ring_hash(c.node), 16) - mine) % RING, c.node, c) for c in cards
-                    if c.node != own.node)
+    unique = {c.node: c for c in cards}  # one listed twice (its switch, its ring group)
+    others = sorted(((int(ring_hash(c.node), 16) - mine) % RING, c.node, c)
+                    for c in unique.values() if c.node != own.node)
     out: dict[str, tuple[PeerRef, ...]] = {}
     for rail in own.rails:
-        got = []
+        same: list[PeerRef] = []
+        apart: list[PeerRef] = []
         for _, node, card in others:
             match = next((r for r in card.rails if r.network == rail.network
                           and r.address != rail.address), None)
             if match is not None:
-                got.append(PeerRef(match.address, node))
-            if len(got) == sample:
-                break
-        out[rail.name] = tuple(got)
+                under = rail.switch is not None and match.switch == rail.switch
+                (same if under else apart).append(PeerRef(match.address, node))
+        want = sample // 2 if rail.switch is not None else 0
+        take = min(len(same), max(want, sample - len(apart)) if fill else want)
+        out[rail.name] = (*same[:take], *apart[:sample - take])
     return out
 
 
@@ -94,11 +108,16 @@ def discover(own: PeerCard, list_leases: ListLeases, sample: int, now: float) ->
     requests = leases = 0
     chosen: dict[str, tuple[PeerRef, ...]] = {}
     group = ""
+    near: dict[str, PeerCard] = {}  # the agents under this node's switches
+    for key, value in sorted({(switch_key(r.name), r.switch) for r in own.rails if r.switch}):
+        items = list_leases(f"{key}={value}")
+        requests, leases = requests + 1, leases + len(items)
+        near.update((c.node, c) for c in _live_cards(items, now))
     for level in RING_LEVELS:
         group = f"{ring_label(level)}={h[:level]}"
         items = list_leases(group)
         requests, leases = requests + 1, leases + len(items)
-        chosen = choose(own, _live_cards(items, now), sample)
+        chosen = choose(own, [*near.values(), *_live_cards(items, now)], sample, fill=False)
         if all(len(chosen[r.name]) >= sample for r in own.rails):
             return Discovered(chosen, requests, leases, group)
     # A rail network too small for the coarsest group: listed whole. The agents on one
@@ -110,7 +129,7 @@ def discover(own: PeerCard, list_leases: ListLeases, sample: int, now: float) ->
         items = list_leases(net_label(rail.network))
         requests, leases = requests + 1, leases + len(items)
         cards.update((c.node, c) for c in _live_cards(items, now))
-        wider = choose(own, cards.values(), sample)
+        wider = choose(own, [*near.values(), *cards.values()], sample)
         chosen.update({r: p for r, p in wider.items() if len(p) > len(chosen[r])})
     short = {r.name: f"{len(chosen[r.name])} live agents on {r.network} besides this one"
              for r in own.rails if len(chosen[r.name]) < sample}
@@ -159,11 +178,14 @@ class PeerDiscovery(Periodic):
         self._lister_for = lister or _api_lister
         self._lister: ListLeases | None = None
         self.last: Discovered | None = None
+        self.switches: Mapping[str, str] = {}  # rail -> the switch it hears (the loop's)
 
     def turn(self) -> float:
         peers, card = self.cfg.peers, own_card(self.cfg)
         if peers is None or card is None:
             return 5.0
+        card = replace(card, rails=tuple(replace(r, switch=self.switches.get(r.name))
+                                         for r in card.rails))
         if self._lister is None:
             self._lister = self._lister_for(self.cfg)
         got = discover(card, self._lister, min(peers.sample, MAX_PEERS), time.time())

@@ -15,8 +15,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodeagent.checks.cabling import heard_now
 from nodeagent.checks.conditions import judge_pass
-from nodeagent.checks.facts import CountersSeen, Facts, FingerprintSeen, PeersSeen, PortsSeen
+from nodeagent.checks.facts import (
+    CountersSeen,
+    Facts,
+    FingerprintSeen,
+    LLDPSeen,
+    PeersSeen,
+    PortsSeen,
+)
 from nodeagent.checks.gid import (
     GidVerdict,
     gid_finding,
@@ -31,6 +39,7 @@ from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.files import descriptor_faults
 from nodeagent.model.conditions import ROCE_NETWORK_READY
+from nodeagent.model.kube import label_value
 from nodeagent.model.network import GID_AFFECTING, Deletion
 from nodeagent.model.peers import RailEndpoint, Targets
 from nodeagent.model.rdma import GidTable, Pin, PortHealth
@@ -410,7 +419,10 @@ class Evaluator:
             else:
                 ready[rail.name] = RailEndpoint(pin.device or device or "", pin.port or port,
                                           pin.index, rail.ip)
-        return Targets(ready, skipped)
+        lldp = self.store.get(LLDPSeen)
+        heard = heard_now(lldp.heard, self.clock()) if lldp is not None else {}
+        switches = {r: name for r, n in heard.items() if (name := label_value(n.switch))}
+        return Targets(ready, skipped, switches)
 
     def aim(self) -> Aim:
         """What the sources are to look at after this pass."""

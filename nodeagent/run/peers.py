@@ -246,6 +246,10 @@ class PeerService:
         self._serve()
         if first:
             self.prober.wake()
+        if self.discovery is not None and self.discovery.switches != targets.switches:
+            # A switch first heard (or moved): its share of same-switch peers, at once.
+            self.discovery.switches = dict(targets.switches)
+            self.discovery.wake()
 
     def _serve(self) -> None:
         targets, listing = self.prober.targets, self.prober.listing

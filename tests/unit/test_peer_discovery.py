@@ -395,6 +395,7 @@ class FakeDiscovery:
     def __init__(self, cfg: Any, found: Any) -> None:
         self.cfg, self.found = cfg, found
         self.calls: list[str] = []
+        self.switches: dict[str, str] = {}
 
     def start(self) -> None:
         self.calls.append("start")
@@ -428,6 +429,24 @@ def test_the_service_probes_nothing_until_discovery_answers_then_its_peers() -> 
     service.reconfigure(static)
     assert found.calls[-1] == "stop" and service.discovery is None
     assert service.prober.listing == {"rail0": (PeerRef("10.10.0.6"),)}
+    service.responder.stop()
+
+
+def test_a_switch_first_heard_reaches_discovery_at_once_and_only_a_change_wakes_it() -> None:
+    from nodeagent.model.peers import RailEndpoint
+    from nodeagent.run.peers import PeerService
+
+    service = PeerService(CFG, lambda item: None, discovery=FakeDiscovery)  # type: ignore[arg-type]
+    service._sync_discovery(None)
+    found = service.discovery
+    assert isinstance(found, FakeDiscovery)
+    ready = {"rail0": RailEndpoint("rxe0", 1, 1, "10.10.0.5")}
+    service.retarget(Targets(ready))
+    assert found.calls == []  # no switch heard: nothing new for discovery
+    service.retarget(Targets(ready, switches={"rail0": "leaf-0-r0"}))
+    assert found.switches == {"rail0": "leaf-0-r0"} and found.calls == ["wake"]
+    service.retarget(Targets(ready, switches={"rail0": "leaf-0-r0"}))
+    assert found.calls == ["wake"]  # every pass retargets; the same switch is no news
     service.responder.stop()
 
 
