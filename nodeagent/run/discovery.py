@@ -17,8 +17,9 @@ Within what it listed, a rail takes the `sample` agents that follow this node on
 (sha256 of node names), so each agent is probed by about `sample` others, not by all.
 
 With the rail's switch known (LLDP), half its sample (rounded down) comes from under the
-same switch, found by one more list per rail (`switch.nodeagent.io/<rail>=<switch>`: a
-leaf's agents, a few dozen whatever the fleet), the rest from under other switches: the
+same switch, found by one more list (`switch.nodeagent.io/<rail>=<switch>`: a leaf's
+agents, a few dozen whatever the fleet; on a rail-optimised fabric the first rail's list
+serves every rail), the rest from under other switches: the
 ToR-mesh and inter-ToR shares of R-Pingmesh, so `fleet` can tell a switch's fault (its
 nodes fail outward, pass among themselves) from a node's. A share short of agents is
 filled from the other.
@@ -109,10 +110,16 @@ def discover(own: PeerCard, list_leases: ListLeases, sample: int, now: float) ->
     chosen: dict[str, tuple[PeerRef, ...]] = {}
     group = ""
     near: dict[str, PeerCard] = {}  # the agents under this node's switches
-    for key, value in sorted({(switch_key(r.name), r.switch) for r in own.rails if r.switch}):
-        items = list_leases(f"{key}={value}")
+    for rail in own.rails:
+        # On a rail-optimised fabric a unit's nodes share a leaf on every rail: the first
+        # rail's list usually holds every rail's share, and the others are not listed.
+        under = sum(1 for c in near.values() for r in c.rails
+                    if r.switch == rail.switch and r.network == rail.network)
+        if rail.switch is None or under >= sample // 2:
+            continue
+        items = list_leases(f"{switch_key(rail.name)}={rail.switch}")
         requests, leases = requests + 1, leases + len(items)
-        near.update((c.node, c) for c in _live_cards(items, now))
+        near.update((c.node, c) for c in _live_cards(items, now) if c.node != own.node)
     for level in RING_LEVELS:
         group = f"{ring_label(level)}={h[:level]}"
         items = list_leases(group)
