@@ -22,6 +22,7 @@ from typing import Any
 
 from nodeagent.checks.conditions import CONDITIONS
 from nodeagent.cli.mesh import (
+    GRID_MAX,
     PeerCount,
     SwitchFault,
     mesh_cells,
@@ -29,8 +30,10 @@ from nodeagent.cli.mesh import (
     peer_counts,
     peers_text,
     render_grid,
+    render_switches,
     suspects,
     switch_faults,
+    under_switch,
 )
 from nodeagent.config import parse_duration
 from nodeagent.io.files import one_line, printable
@@ -225,8 +228,18 @@ def render(rows: list[FleetRow], output: str, now: float, color: bool,
     return table if headers else table.split("\n", 1)[1]
 
 
-def render_mesh(leases: Iterable[Any], rail: str | None, output: str, color: bool) -> str:
+def render_mesh(leases: Iterable[Any], rail: str | None, output: str, color: bool,
+                nodes: Iterable[Any] = (), switch: str | None = None) -> str:
+    """The mesh: a grid of nodes, or for more than GRID_MAX nodes with their switches
+    known (the agents' LLDP labels) the switch x switch summary; `switch` draws the grid
+    of the probes from and to one switch's nodes."""
     cells = mesh_cells(leases)
+    switch_of = {(n.name, r): sw for n in map(read_node, nodes)
+                 for r, sw in switches_of(n.labels).items()}
+    if switch is not None:
+        cells = under_switch(cells, switch_of, switch)
+        if not cells:
+            return f"no peer results published for switch {printable(switch)}\n"
     if output in ("json", "yaml"):
         doc = mesh_document(cells, rail)
         if output == "yaml":
@@ -234,6 +247,9 @@ def render_mesh(leases: Iterable[Any], rail: str | None, output: str, color: boo
 
             return str(yaml.safe_dump(doc, sort_keys=False))
         return json.dumps(doc, indent=2) + "\n"
+    probed = {c.prober for c in cells} | {c.target for c in cells}
+    if switch is None and switch_of and len(probed) > GRID_MAX:
+        return render_switches(cells, switch_of, rail, color)
     return render_grid(cells, rail, color)
 
 
@@ -299,6 +315,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="nodes (the default): one row a node; mesh: the peer probes' "
                    "prober x target matrix, from the agents' Leases")
     p.add_argument("--rail", help="mesh: this rail only (default: each rail in turn)")
+    p.add_argument("--switch", help="mesh: the probes from and to this switch's nodes (a "
+                   "mesh of more than 64 nodes is otherwise summarised by switch)")
     p.add_argument("--kubeconfig", help="kubeconfig, found as kubectl does: this flag, else "
                    "the first existing file in $KUBECONFIG, else ~/.kube/config, else the "
                    "in-cluster service account")
@@ -344,7 +362,8 @@ def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None 
     def draw(nodes: list[dict[str, Any]], leases: list[dict[str, Any]]) -> None:
         now = time.time()
         if view == "mesh":
-            text = render_mesh(leases, getattr(args, "rail", None), args.output, color)
+            text = render_mesh(leases, getattr(args, "rail", None), args.output, color,
+                               nodes, getattr(args, "switch", None))
         else:
             rows, faults = fleet_view(nodes, leases, args.resource, args.taint_key, now,
                                       args.stale_after, args.taint_older)

@@ -202,6 +202,74 @@ def render_grid(cells: list[MeshCell], rail: str | None, color: bool) -> str:
     return "\n\n".join(blocks) + "\n\n" + LEGEND + "\n"
 
 
+GRID_MAX = 64  # nodes a grid shows; a larger mesh is summarised by switch
+SUMMARY_LEGEND = ("o every probe passes, x some fail (at most half), X most fail,"
+                  " blank: not probed; rows probe columns; --switch S draws S's nodes")
+
+
+def switch_pairs(cells: Iterable[MeshCell], switch_of: Mapping[tuple[str, str], str]
+                 ) -> dict[tuple[str, str, str], PeerCount]:
+    """(rail, prober's switch, target's switch) -> probes passing and probed; a node
+    whose switch is not known counts under '?'."""
+    out: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for c in cells:
+        key = (c.rail, switch_of.get((c.prober, c.rail), "?"),
+               switch_of.get((c.target, c.rail), "?"))
+        got = out[key]
+        got[0] += c.verdict == MeshVerdict.OK
+        got[1] += 1
+    return {k: PeerCount(v[0], v[1]) for k, v in out.items()}
+
+
+def _summary_cell(count: PeerCount | None) -> tuple[str, str]:
+    if count is None or not count.probed:
+        return " ", ""
+    failing = count.probed - count.passing
+    if not failing:
+        return "o", "32"
+    return ("X", "1;31") if 2 * failing > count.probed else ("x", "33")
+
+
+def render_switches(cells: list[MeshCell], switch_of: Mapping[tuple[str, str], str],
+                    rail: str | None, color: bool) -> str:
+    """The mesh of a large fleet, switch x switch per rail: one letter a pair of switches
+    (SUMMARY_LEGEND), then the pairs that fail, with their figures."""
+    pairs = switch_pairs(cells, switch_of)
+    rails = sorted({k[0] for k in pairs}) if rail is None else [rail]
+    if not pairs or (rail is not None and not any(k[0] == rail for k in pairs)):
+        return f"no peer results published{f' for rail {printable(rail)}' if rail else ''}\n"
+    blocks = []
+    for r in rails:
+        switches = sorted({k[1] for k in pairs if k[0] == r} | {k[2] for k in pairs
+                                                                   if k[0] == r})
+        width = max(len(str(len(switches) - 1)), 1)
+        name_w = max(len(printable(sw)) for sw in switches)
+        lines = [f"rail {printable(r)} by switch (rows probe columns)",
+                 " " * (width + name_w + 2) + " ".join(
+                     str(i).rjust(width) for i in range(len(switches)))]
+        failing = []
+        for i, a in enumerate(switches):
+            row = []
+            for b in switches:
+                count = pairs.get((r, a, b))
+                letter, code = _summary_cell(count)
+                cell = letter.rjust(width)
+                row.append(f"\033[{code}m{cell}\033[0m" if color and code else cell)
+                if count is not None and count.passing < count.probed:
+                    failing.append(f"  {printable(a)} -> {printable(b)}: "
+                                   f"{count.probed - count.passing} of {count.probed} fail")
+            lines.append(f"{str(i).rjust(width)} {printable(a).ljust(name_w)} " + " ".join(row))
+        blocks.append("\n".join(line.rstrip() for line in [*lines, *failing]))
+    return "\n\n".join(blocks) + "\n\n" + SUMMARY_LEGEND + "\n"
+
+
+def under_switch(cells: Iterable[MeshCell], switch_of: Mapping[tuple[str, str], str],
+                 switch: str) -> list[MeshCell]:
+    """The probes from or to the nodes under one switch: the drill-down's grid."""
+    return [c for c in cells if switch in (switch_of.get((c.prober, c.rail)),
+                                           switch_of.get((c.target, c.rail)))]
+
+
 def mesh_document(cells: list[MeshCell], rail: str | None) -> dict[str, Any]:
     """The same matrix as data: a v1 List of prober/target/rail/verdict items."""
     return {"apiVersion": "v1", "kind": "List", "metadata": {},

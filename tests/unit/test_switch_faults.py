@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from nodeagent.checks.peers import peer_stats
 from nodeagent.cli.fleet import fleet_view, render_table
 from nodeagent.cli.mesh import mesh_cells, suspects, switch_faults
@@ -133,3 +135,27 @@ def test_each_rails_switch_is_a_metric_the_alert_rules_join_on() -> None:
     assert ('nodeagent_rail_switch_info{node="gpu-00016",port="Eth1/1",rail="rail0",'
             'switch="leaf-1-r0"} 1.0') in text
     assert 'rail="rail1",switch=' not in text  # no LLDP heard: no series
+
+
+def test_a_large_mesh_is_drawn_switch_by_switch_and_one_switch_drills_down(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import nodeagent.cli.fleet as fleet_cli
+
+    nodes, leases = fleet(lambda i, j: on_leaf_1(i) != on_leaf_1(j))
+    monkeypatch.setattr(fleet_cli, "GRID_MAX", 32)  # 64 nodes: more than a grid shows
+    summary = fleet_cli.render_mesh(leases, "rail0", "table", False, nodes)
+    lines = summary.splitlines()
+    assert lines[0] == "rail rail0 by switch (rows probe columns)"
+    assert lines[2].split() == ["0", "leaf-0-r0", "o", "X", "o", "o"]
+    assert lines[3].split() == ["1", "leaf-1-r0", "X", "o", "X", "X"]
+    assert "  leaf-1-r0 -> leaf-0-r0: 16 of 16 fail" in lines
+    assert "X most fail" in summary
+    # The drill-down: the grid of the probes from and to leaf-1's nodes.
+    grid = fleet_cli.render_mesh(leases, "rail0", "table", False, nodes, switch="leaf-1-r0")
+    assert grid.startswith("rail rail0 (rows probe columns)")
+    assert "gpu-00016" in grid and "X RoCE fails" in grid
+    assert fleet_cli.render_mesh(leases, None, "table", False, nodes, switch="leaf-9") == \
+        "no peer results published for switch leaf-9\n"
+    # Without switches known, a grid as before, however large.
+    assert fleet_cli.render_mesh(leases, "rail0", "table", False).startswith(
+        "rail rail0 (rows probe columns)")
