@@ -84,7 +84,12 @@ def peer_counts(cells: Iterable[MeshCell]) -> dict[str, dict[str, PeerCount]]:
 
 def suspects(cells: Iterable[MeshCell]) -> dict[str, list[str]]:
     """node -> the rails on which it is suspect: two or more nodes probe it there, most of
-    them fail over RoCE, and those that fail pass with most of their other peers."""
+    them fail over RoCE, and those that fail pass with most of their other peers; and
+    either every one of three or more probers fails, or the node's own probes there
+    mostly fail too. A read is a round trip, so a fault at a node fails its own probes as
+    surely as its probers': two flaky pairs that happen to meet at a healthy node (one in
+    a few hundred thousand pairs, 10,000 nodes x 8 rails: about once a view,
+    bench/localisation.py) do not name it."""
     cells = list(cells)
     elsewhere: dict[tuple[str, str], list[MeshVerdict]] = defaultdict(list)
     for c in cells:
@@ -103,7 +108,10 @@ def suspects(cells: Iterable[MeshCell]) -> dict[str, list[str]]:
             others.remove(c.verdict)
             if others and 2 * sum(v == MeshVerdict.OK for v in others) >= len(others):
                 healthy += 1
-        if 2 * healthy > len(failing):
+        own = elsewhere.get((target, rail), [])
+        own_failing = sum(v in FAULTS for v in own)
+        if 2 * healthy > len(failing) and (len(failing) == len(probes) >= 3
+                                           or 2 * own_failing > len(own)):
             out[target].append(rail)
     return dict(out)
 

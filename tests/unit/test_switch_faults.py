@@ -159,3 +159,22 @@ def test_a_large_mesh_is_drawn_switch_by_switch_and_one_switch_drills_down(
     # Without switches known, a grid as before, however large.
     assert fleet_cli.render_mesh(leases, "rail0", "table", False).startswith(
         "rail rail0 (rows probe columns)")
+
+
+def test_two_flaky_pairs_meeting_at_a_healthy_node_do_not_name_it() -> None:
+    from nodeagent.cli.mesh import MeshCell
+    from nodeagent.model.peers import MeshVerdict
+
+    ok, roce = MeshVerdict.OK, MeshVerdict.ROCE
+
+    def cells(own: MeshVerdict) -> list[MeshCell]:
+        # t is probed by a, b (flaky pairs) and c; each prober passes with others.
+        got = [MeshCell("rail0", "a", "t", roce), MeshCell("rail0", "b", "t", roce),
+               MeshCell("rail0", "c", "t", ok)]
+        for p in "abc":
+            got += [MeshCell("rail0", p, f"{p}{k}", ok) for k in range(3)]
+        # t's own probes of its peers.
+        return got + [MeshCell("rail0", "t", f"t{k}", own) for k in range(4)]
+
+    assert suspects(cells(ok)) == {}  # 2 of 3 probers, and its own probes pass
+    assert suspects(cells(roce)) == {"t": ["rail0"]}  # its own probes fail too: its link
