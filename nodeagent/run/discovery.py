@@ -10,8 +10,9 @@ live peers on the same rail network. A rail still short after p1 lists its whole
 (`net.nodeagent.io/<network>`), which only happens when that network is small. A group
 one level coarser is 16 times larger, so the list that fills the rails returns between
 `sample` and about 16x `sample` Leases whatever the fleet's size, and a full peer set
-costs 1 to 4 requests, each with `resourceVersion=0` (served from the API server's watch
-cache, not from etcd), repeated every `peers.discover_interval` (default 10 min).
+costs 1 to 4 requests (usually one more with switches known), each with
+`resourceVersion=0` (served from the API server's watch cache, not from etcd), repeated
+every `peers.discover_interval` (default 10 min).
 
 Within what it listed, a rail takes the `sample` agents that follow this node on the ring
 (sha256 of node names), so each agent is probed by about `sample` others, not by all.
