@@ -250,6 +250,15 @@ def render_switches(cells: list[MeshCell], switch_of: Mapping[tuple[str, str], s
     for r in rails:
         switches = sorted({k[1] for k in pairs if k[0] == r} | {k[2] for k in pairs
                                                                    if k[0] == r})
+        if len(switches) > GRID_MAX:  # no matrix a terminal holds: the failing pairs alone
+            failing = [f"  {printable(a)} -> {printable(b)}: {c.probed - c.passing} of "
+                       f"{c.probed} fail" for (rr, a, b), c in sorted(pairs.items())
+                       if rr == r and c.passing < c.probed]
+            probed = sum(c.probed for (rr, _, _), c in pairs.items() if rr == r)
+            blocks.append("\n".join([f"rail {printable(r)}: {len(switches)} switches, "
+                                      f"{probed} probes, {len(failing)} pairs of switches "
+                                      "with failures", *failing]))
+            continue
         width = max(len(str(len(switches) - 1)), 1)
         name_w = max(len(printable(sw)) for sw in switches)
         lines = [f"rail {printable(r)} by switch (rows probe columns)",

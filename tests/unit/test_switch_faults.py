@@ -178,3 +178,17 @@ def test_two_flaky_pairs_meeting_at_a_healthy_node_do_not_name_it() -> None:
 
     assert suspects(cells(ok)) == {}  # 2 of 3 probers, and its own probes pass
     assert suspects(cells(roce)) == {"t": ["rail0"]}  # its own probes fail too: its link
+
+
+def test_more_switches_than_a_matrix_holds_are_listed_by_failing_pair(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import nodeagent.cli.fleet as fleet_cli
+    import nodeagent.cli.mesh as mesh
+
+    nodes, leases = fleet(lambda i, j: on_leaf_1(i) != on_leaf_1(j))
+    monkeypatch.setattr(fleet_cli, "GRID_MAX", 2)
+    monkeypatch.setattr(mesh, "GRID_MAX", 2)  # 4 leaves: more than a matrix of 2
+    lines = fleet_cli.render_mesh(leases, "rail0", "table", False, nodes).splitlines()
+    assert lines[0] == "rail rail0: 4 switches, 256 probes, 6 pairs of switches with failures"
+    assert "  leaf-1-r0 -> leaf-2-r0: 16 of 16 fail" in lines
+    assert not any("leaf-0-r0 -> leaf-2-r0" in line for line in lines)
