@@ -171,8 +171,9 @@ def main() -> None:
             return ROCE2 if (i, j, rail) in flaky else fault(i, j, rail)
 
         cells = cells_for(peers, outcome, classes=kind.startswith("class"))
-        named_switches = {(f.switch, int(f.rail[4:])) for f in switch_faults(cells, switch_of)}
-        under = {(n, int(f.rail[4:])) for f in switch_faults(cells, switch_of) for n in f.nodes}
+        found = switch_faults(cells, switch_of)
+        named_switches = {(f.switch, int(f.rail[4:])) for f in found}
+        under = {(n, int(f.rail[4:])) for f in found for n in f.nodes}
         named_nodes = {(n, int(r[4:])) for n, rails in suspects(cells).items() for r in rails
                        if (n, int(r[4:])) not in under}
         took.append(time.perf_counter() - t)
