@@ -93,6 +93,8 @@ def _at_least(floor: float, shown: str) -> Callable[[float], float]:
     return check
 
 
+# A taint key (node or device): checked by check_taint_key, found when validating.
+TaintKey = Annotated[str, AfterValidator(lambda v: check_taint_key(v))]
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 # Anything a loop waits on between rounds: 0 would spin a thread.
 Interval = Annotated[float, BeforeValidator(parse_duration),
@@ -468,6 +470,16 @@ class DraAttributes(_Strict):
     mtu: str = "mtu"
 
 
+class DeviceTaints(_Strict):
+    """The DeviceTaintRule a failing rail's device gets (resource.k8s.io: v1alpha3 from
+    Kubernetes 1.33 behind the DRADeviceTaints feature gate, the newest served version is
+    used). Lifted `kubernetes.clear_after` after the rail passes again."""
+
+    key: TaintKey = "nodeagent.io/rail-unhealthy"
+    # None (1.35+): shown to the scheduler's users, keeps no claim off (observe only).
+    effect: Literal["NoSchedule", "NoExecute", "None"] = "NoSchedule"
+
+
 class Dra(_Strict):
     """RDMAResourceSlicesReady: the DRA driver's ResourceSlices for this node (read every
     `interval`) list each rail's NIC, with RDMA, its interface or RDMA device, and its MTU.
@@ -477,6 +489,16 @@ class Dra(_Strict):
     attributes: DraAttributes = DraAttributes()
     interval: Interval = 60.0
     gate: bool = False  # true: part of FabricReady
+    # One bad rail gated alone: a failing rail's device gets a DeviceTaintRule (selector:
+    # driver, pool, device from the slices) and the node keeps its taint only for what is
+    # not one rail's (the GID table unreadable, every rail, a node-wide check, the API).
+    device_taints: DeviceTaints | None = None
+
+    @field_validator("device_taints", mode="before")
+    @classmethod
+    def _switch(cls, v: Any) -> Any:
+        """`device_taints: true` is the defaults; false is off."""
+        return {} if v is True else None if v is False else v
 
 
 # counter -> the fastest it may grow, per second, over congestion.window. The names of a
@@ -796,13 +818,8 @@ def check_taint_key(v: str) -> str:
 
 
 class Taint(_Strict):
-    key: str = "nodeagent.io/fabric-unready"
+    key: TaintKey = "nodeagent.io/fabric-unready"
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, v: str) -> str:
-        return check_taint_key(v)
 
 
 class Kubernetes(_Strict):
@@ -994,6 +1011,13 @@ def _semantic_problems(rails: list[tuple[int, Rail]],
     return problems
 
 
+def _dra_problems(cfg: Config) -> list[str]:
+    if cfg.dra is not None and cfg.dra.device_taints is not None and cfg.kubernetes is None:
+        return ["dra.device_taints: needs a kubernetes section (the rules are written "
+                "through the API)"]
+    return []
+
+
 def _peer_problems(cfg: Config) -> list[str]:
     """peers.static names configured rails, no peer is one of this node's own rails, and
     discovery has an API to discover from."""
@@ -1049,6 +1073,7 @@ def parse_config(data: Any) -> Config:
     problems += _semantic_problems(rails, mounts)
     if cfg is not None:
         problems += _peer_problems(cfg)
+        problems += _dra_problems(cfg)
     if problems or cfg is None:
         raise ConfigError(problems)
     return cfg

@@ -36,19 +36,20 @@ def cabling_finding(cfg: Config, heard: Mapping[str, tuple[Neighbour, float]],
     current = heard_now(heard, now)
     seen = []
     for n, rail in enumerate(cfg.rails):
-        neighbour = current.get(rail.name)
-        if neighbour is None and rail.name in (unopened or {}):
-            problems.unknown(NOT_LISTENING, f"{rail.label}: {(unopened or {})[rail.name]}")
-            continue
-        if neighbour is None:
-            problems.unknown(NO_LLDP, f"{rail.label}: no LLDP seen (the switch sends none, "
-                                      "or the NIC's firmware keeps the frames)")
-            continue
-        where = f"{rail.label}: {neighbour.switch} port {neighbour.port}"
-        want = section.expected(rail.name, n)
-        if want is not None and not fnmatch.fnmatchcase(neighbour.switch, want):
-            problems.fail(MISCABLED, f"{where}, expected a switch matching {want}")
-        else:
-            seen.append(where)
+        with problems.about(rail.name):
+            neighbour = current.get(rail.name)
+            if neighbour is None and rail.name in (unopened or {}):
+                problems.unknown(NOT_LISTENING, f"{rail.label}: {(unopened or {})[rail.name]}")
+                continue
+            if neighbour is None:
+                problems.unknown(NO_LLDP, f"{rail.label}: no LLDP seen (the switch sends none, "
+                                          "or the NIC's firmware keeps the frames)")
+                continue
+            where = f"{rail.label}: {neighbour.switch} port {neighbour.port}"
+            want = section.expected(rail.name, n)
+            if want is not None and not fnmatch.fnmatchcase(neighbour.switch, want):
+                problems.fail(MISCABLED, f"{where}, expected a switch matching {want}")
+            else:
+                seen.append(where)
     reason = "CablingAsExpected" if section.switch_name is not None else "SwitchesSeen"
     return problems.finding(reason, "; ".join(seen))

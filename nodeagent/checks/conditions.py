@@ -20,7 +20,7 @@ from nodeagent.checks.cabling import NO_LLDP, cabling_finding, heard_now
 from nodeagent.checks.congestion import congestion_finding
 from nodeagent.checks.custom import custom_finding
 from nodeagent.checks.deviceplugin import device_plugin_finding
-from nodeagent.checks.dra import slices_finding
+from nodeagent.checks.dra import rail_devices, slices_finding
 from nodeagent.checks.fabric import fabric_finding
 from nodeagent.checks.facts import (
     CongestionSeen,
@@ -255,6 +255,8 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
         facts.get(PortsSeen)
     lldp = facts.get(LLDPSeen)
     switches = heard_now(lldp.heard, facts.now) if lldp is not None else {}
+    slices = facts.get(SlicesSeen)
+    devices = rail_devices(cfg, slices.observation if slices is not None else None)
     peers = facts.derive(peer_stats_by_rail, cfg)
     nccl = facts.derive(nccl_defaults, cfg)
     rails = []
@@ -282,7 +284,7 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
             carrier_losses_in_window=timeline.carrier_losses_in_window if timeline else None,
             transport=transport.results.get(rail.name) if transport else None,
             peers=peers.get(rail.name) if cfg.peers is not None else None,
-            switch=switches.get(rail.name)))
+            switch=switches.get(rail.name), dra_device=devices.get(rail.name)))
     return rails
 
 

@@ -45,32 +45,33 @@ def congestion_finding(cfg: Config, samples: Mapping[str, CongestionSample] | No
                        f"counters last read {age:.0f} s ago (a read stuck?)")
     fine: list[str] = []
     for rail in cfg.rails:
-        sample = (samples or {}).get(rail.name)
-        if rail.name in skipped:
-            problems.unknown(NOT_MEASURED, f"{rail.label}: not read: {skipped[rail.name]}")
-            continue
-        if sample is None:
-            problems.unknown(NOT_MEASURED, f"{rail.label}: not read yet")
-            continue
-        where = f"{rail.label} ({sample.device}/{sample.port})"
-        named = [n for n in section.rates if n in sample.counters]
-        if not named:
-            why = f" ({'; '.join(sample.unreadable)})" if sample.unreadable else ""
-            problems.unknown(NO_COUNTERS, f"{where}: none of {', '.join(section.rates)} on "
-                                          f"its port or netdev{why}")
-            continue
-        figures = []
-        for name in named:
-            grown = rates.growth(rail.name, name)
-            if grown is None or grown[1] <= 0:
-                continue  # one sample so far: a rate from the next
-            per_second = grown[0] / grown[1]
-            limit = section.rates[name]
-            ratio = per_second / limit if limit else float("inf") if per_second else 0.0
-            figures.append((ratio, name, per_second))
-            if per_second > limit:
-                problems.fail(kind(name), f"{where}: {name} {per_second:,.1f}/s over "
-                                          f"{grown[1]:.0f} s (rate {limit:,g}/s)")
-        top = ", ".join(f"{n} {r:,.1f}/s" for _, n, r in sorted(figures, reverse=True)[:3])
-        fine.append(f"{where}: {top or 'first sample'}")
+        with problems.about(rail.name):
+            sample = (samples or {}).get(rail.name)
+            if rail.name in skipped:
+                problems.unknown(NOT_MEASURED, f"{rail.label}: not read: {skipped[rail.name]}")
+                continue
+            if sample is None:
+                problems.unknown(NOT_MEASURED, f"{rail.label}: not read yet")
+                continue
+            where = f"{rail.label} ({sample.device}/{sample.port})"
+            named = [n for n in section.rates if n in sample.counters]
+            if not named:
+                why = f" ({'; '.join(sample.unreadable)})" if sample.unreadable else ""
+                problems.unknown(NO_COUNTERS, f"{where}: none of {', '.join(section.rates)} on "
+                                              f"its port or netdev{why}")
+                continue
+            figures = []
+            for name in named:
+                grown = rates.growth(rail.name, name)
+                if grown is None or grown[1] <= 0:
+                    continue  # one sample so far: a rate from the next
+                per_second = grown[0] / grown[1]
+                limit = section.rates[name]
+                ratio = per_second / limit if limit else float("inf") if per_second else 0.0
+                figures.append((ratio, name, per_second))
+                if per_second > limit:
+                    problems.fail(kind(name), f"{where}: {name} {per_second:,.1f}/s over "
+                                              f"{grown[1]:.0f} s (rate {limit:,g}/s)")
+            top = ", ".join(f"{n} {r:,.1f}/s" for _, n, r in sorted(figures, reverse=True)[:3])
+            fine.append(f"{where}: {top or 'first sample'}")
     return problems.finding("NotCongested", "; ".join(fine))

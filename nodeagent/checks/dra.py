@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from nodeagent.config import Config, Dra, Rail
 from nodeagent.model.conditions import RDMA_RESOURCE_SLICES_READY, Finding, Problems
-from nodeagent.model.kube import SliceDevice, SlicesObservation
+from nodeagent.model.kube import DeviceRef, SliceDevice, SlicesObservation
 
 
 def rail_device(rail: Rail, dra: Dra, devices: tuple[SliceDevice, ...]) -> SliceDevice | None:
@@ -26,6 +26,19 @@ def rail_device(rail: Rail, dra: Dra, devices: tuple[SliceDevice, ...]) -> Slice
         found = next((d for d in devices if d.attributes.get(rdma_device) == rail.rdma_device),
                      None)
     return found
+
+
+def rail_devices(cfg: Config, seen: SlicesObservation | None) -> dict[str, DeviceRef]:
+    """Rail -> its device in the slices (what a DeviceTaintRule for it selects)."""
+    dra = cfg.dra
+    if dra is None or seen is None:
+        return {}
+    out = {}
+    for rail in cfg.rails:
+        found = rail_device(rail, dra, seen.devices)
+        if found is not None and found.pool:
+            out[rail.name] = DeviceRef(dra.driver, found.pool, found.name)
+    return out
 
 
 def _key(dra: Dra, name: str) -> str:
@@ -54,25 +67,26 @@ def slices_finding(cfg: Config, seen: SlicesObservation | None) -> Finding:
         return problems.folded()
     fine = []
     for rail in cfg.rails:
-        device = rail_device(rail, dra, seen.devices)
-        if device is None:
-            problems.fail("RailNotInSlices",
-                          f"{rail.label}: no device of {dra.driver} on {node} names "
-                          f"{rail.interface}" + (f" or {rail.rdma_device}"
-                                                 if rail.rdma_device else ""))
-            continue
-        rdma = device.attributes.get(_key(dra, dra.attributes.rdma))
-        mtu = device.attributes.get(_key(dra, dra.attributes.mtu))
-        where = f"{rail.label}: {dra.driver} device {device.name} (slice {device.slice})"
-        if rdma is not True:
-            problems.fail("RDMANotPublished",
-                          f"{where} is published with {dra.attributes.rdma} {rdma!r}: a claim "
-                          "for an RDMA NIC will not get it")
-        elif isinstance(mtu, int) and rail.mtu and mtu != rail.mtu:
-            problems.fail("MTUMismatch", f"{where} is published with MTU {mtu}, the rail's "
-                                         f"is {rail.mtu}")
-        else:
-            fine.append(f"{rail.name}: {device.name}")
+        with problems.about(rail.name):
+            device = rail_device(rail, dra, seen.devices)
+            if device is None:
+                problems.fail("RailNotInSlices",
+                              f"{rail.label}: no device of {dra.driver} on {node} names "
+                              f"{rail.interface}" + (f" or {rail.rdma_device}"
+                                                     if rail.rdma_device else ""))
+                continue
+            rdma = device.attributes.get(_key(dra, dra.attributes.rdma))
+            mtu = device.attributes.get(_key(dra, dra.attributes.mtu))
+            where = f"{rail.label}: {dra.driver} device {device.name} (slice {device.slice})"
+            if rdma is not True:
+                problems.fail("RDMANotPublished",
+                              f"{where} is published with {dra.attributes.rdma} {rdma!r}: a claim "
+                              "for an RDMA NIC will not get it")
+            elif isinstance(mtu, int) and rail.mtu and mtu != rail.mtu:
+                problems.fail("MTUMismatch", f"{where} is published with MTU {mtu}, the rail's "
+                                             f"is {rail.mtu}")
+            else:
+                fine.append(f"{rail.name}: {device.name}")
     if seen.incomplete:
         problems.unknown("SlicesUnreadable", "pools with slices missing (being published?): "
                          + ", ".join(seen.incomplete[:5]))

@@ -101,7 +101,7 @@ def _no_gids(rail: Rail, device: str | None, table: GidTable, problems: Problems
     device found."""
     unreadable = _unreadable(rail, device, table)
     if unreadable:
-        problems.unknown("GIDTableUnreadable", unreadable)
+        problems.unknown("GIDTableUnreadable", unreadable, node=True)
     elif rail.rdma_device is None and device is not None:
         problems.fail("GIDMissing", f"{rail.label}: no GIDs on {rail.interface} from "
                                     f"{device} (where they were last seen)")
@@ -141,6 +141,27 @@ def _against_pin(cfg: Config, rail: Rail, v2: list[GidEntry], table: GidTable,
         tally.notes.append(f"{rail.name}: {current.device}/{current.port} index {pin.index}")
 
 
+def _rail_gid(cfg: Config, rail: Rail, table: GidTable, learned: Mapping[str, Pin],
+              qps: QueuePairs | None, seen: Mapping[str, tuple[str, int]],
+              problems: Problems, tally: _Tally) -> None:
+    entries = rail_entries(rail, table)
+    if not entries:
+        _no_gids(rail, rail.rdma_device or seen.get(rail.name, (None, 1))[0], table,
+                 problems)
+        return
+    v2 = ipv4_v2_entries(rail, table)
+    if not v2:
+        unreadable = _unreadable(rail, entries[0].device, table)
+        if unreadable is not None:  # it may sit in a slot that could not be read
+            problems.unknown("GIDTableUnreadable", unreadable, node=True)
+            return
+        problems.fail("GIDMissing", f"{rail.label}: no IPv4 RoCE v2 GID for {rail.ip} "
+                                    f"on {entries[0].device} port {entries[0].port}")
+        return
+    tally.observed[rail.name] = v2[0].index
+    _against_pin(cfg, rail, v2, table, learned, qps, problems, tally)
+
+
 def gid_verdict(cfg: Config, facts: Facts) -> GidVerdict:
     """The pass's GID verdict (through facts.derive: once, for the judge, the re-pin and
     the probes' targets alike)."""
@@ -160,22 +181,8 @@ def gid_finding(
     seen = seen or {}
     tally = _Tally()
     for rail in cfg.rails:
-        entries = rail_entries(rail, table)
-        if not entries:
-            _no_gids(rail, rail.rdma_device or seen.get(rail.name, (None, 1))[0], table,
-                     problems)
-            continue
-        v2 = ipv4_v2_entries(rail, table)
-        if not v2:
-            unreadable = _unreadable(rail, entries[0].device, table)
-            if unreadable is not None:  # it may sit in a slot that could not be read
-                problems.unknown("GIDTableUnreadable", unreadable)
-                continue
-            problems.fail("GIDMissing", f"{rail.label}: no IPv4 RoCE v2 GID for {rail.ip} "
-                                        f"on {entries[0].device} port {entries[0].port}")
-            continue
-        tally.observed[rail.name] = v2[0].index
-        _against_pin(cfg, rail, v2, table, learned, qps, problems, tally)
+        with problems.about(rail.name):
+            _rail_gid(cfg, rail, table, learned, qps, seen, problems, tally)
     finding = problems.finding("GIDsPinned", f"{table.source}: " + "; ".join(tally.notes))
     return GidVerdict(finding, tally.new_pins, tally.observed, tally.shifts,
                       tuple(tally.repin))

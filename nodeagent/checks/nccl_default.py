@@ -55,18 +55,19 @@ def nccl_default_finding(cfg: Config, facts: Facts) -> Finding:
     defaults = facts.derive(nccl_defaults, cfg)
     fine = []
     for rail in cfg.rails:
-        choice, pin = defaults.get(rail.name), pin_for(rail, facts.pins)
-        if choice is None or choice.index is None:
-            problems.unknown(UNKNOWN, f"{rail.name}: no GIDs seen on its port")
-        elif pin is None:
-            problems.unknown(UNKNOWN, f"{rail.name}: its GID is not pinned yet")
-        elif choice.index != pin.index:
-            problems.fail(NOT_PINNED, (
-                f"{rail.name}: NCCL with default settings would use {choice.device}:"
-                f"{choice.port} {choice.describe()}, not the pinned GID {pin.index} "
-                f"({rail.ip}): jobs must set NCCL_IB_GID_INDEX={pin.index} or "
-                f"NCCL_IB_ADDR_RANGE={rail.network}"))
-        else:
-            fine.append(f"{rail.name} {choice.device}:{choice.port} GID {choice.index}")
+        with problems.about(rail.name):
+            choice, pin = defaults.get(rail.name), pin_for(rail, facts.pins)
+            if choice is None or choice.index is None:
+                problems.unknown(UNKNOWN, f"{rail.name}: no GIDs seen on its port")
+            elif pin is None:
+                problems.unknown(UNKNOWN, f"{rail.name}: its GID is not pinned yet")
+            elif choice.index != pin.index:
+                problems.fail(NOT_PINNED, (
+                    f"{rail.name}: NCCL with default settings would use {choice.device}:"
+                    f"{choice.port} {choice.describe()}, not the pinned GID {pin.index} "
+                    f"({rail.ip}): jobs must set NCCL_IB_GID_INDEX={pin.index} or "
+                    f"NCCL_IB_ADDR_RANGE={rail.network}"))
+            else:
+                fine.append(f"{rail.name} {choice.device}:{choice.port} GID {choice.index}")
     return problems.finding("NCCLDefaultIsPinned", "NCCL with default settings uses each "
                             f"rail's pinned GID: {', '.join(fine)}")

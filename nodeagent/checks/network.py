@@ -186,9 +186,10 @@ def network_finding(
         return problems.finding("NotConfigured", "no rails configured")
     overrides = overrides or {}
     for rail in cfg.rails:
-        if rail.name in overrides:
-            problems.fail(*overrides[rail.name])
-        for d in drift.get(rail.name, ()):
-            problems.fail(d.kind.reason, d.message)
+        with problems.about(rail.name):
+            if rail.name in overrides:
+                problems.fail(*overrides[rail.name])
+            for d in drift.get(rail.name, ()):
+                problems.fail(d.kind.reason, d.message)
     names = ", ".join(r.name for r in cfg.rails)
     return problems.finding("RailsConfigured", f"{len(cfg.rails)} rail(s) as configured: {names}")

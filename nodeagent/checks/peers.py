@@ -141,31 +141,32 @@ def peers_finding(cfg: Config, stats: Mapping[str, tuple[PeerStats, ...]],
     stale_after = 3 * (peers.interval + peers.timeout * max(
         (len(v) for v in listing.values()), default=1)) + QUIET_DELIVERY + 5.0
     for rail in cfg.rails:
-        listed = listing.get(rail.name)
-        if not listed:
-            if rail.name in short:
-                problems.unknown(NO_PEERS, f"{rail.name}: no peer to probe: {short[rail.name]}")
-            elif peers.discover and cfg.manages(rail):
-                problems.unknown("PeersNotProbed", f"{rail.name}: discovering peers")
-            continue
-        got = stats.get(rail.name, ())
-        if rail.name in skipped:
-            problems.unknown("PeersNotProbed", f"{rail.name}: not probed: {skipped[rail.name]}")
-            continue
-        want = len(listed) * len(peers.probed_classes)
-        if len(got) < want:
-            problems.unknown("PeersNotProbed", f"{rail.name}: {len(listed) - len(got)} of "
-                             f"{len(listed)} peers not probed yet" if want == len(listed)
-                             else f"{rail.name}: {want - len(got)} of {want} peers and "
-                             "classes not probed yet")
-            continue
-        newest = max(s.last.at for s in got)
-        if now - newest > stale_after:
-            problems.unknown("PeersNotProbed",
-                             f"{rail.name}: last probe {now - newest:.0f} s ago (stuck?)")
-            continue
-        _judge_classes(rail.name, got, peers, problems, fine,
-                       (transport_ok or {}).get(rail.name))
+        with problems.about(rail.name):
+            listed = listing.get(rail.name)
+            if not listed:
+                if rail.name in short:
+                    problems.unknown(NO_PEERS, f"{rail.name}: no peer to probe: {short[rail.name]}")
+                elif peers.discover and cfg.manages(rail):
+                    problems.unknown("PeersNotProbed", f"{rail.name}: discovering peers")
+                continue
+            got = stats.get(rail.name, ())
+            if rail.name in skipped:
+                problems.unknown("PeersNotProbed", f"{rail.name}: not probed: {skipped[rail.name]}")
+                continue
+            want = len(listed) * len(peers.probed_classes)
+            if len(got) < want:
+                problems.unknown("PeersNotProbed", f"{rail.name}: {len(listed) - len(got)} of "
+                                 f"{len(listed)} peers not probed yet" if want == len(listed)
+                                 else f"{rail.name}: {want - len(got)} of {want} peers and "
+                                 "classes not probed yet")
+                continue
+            newest = max(s.last.at for s in got)
+            if now - newest > stale_after:
+                problems.unknown("PeersNotProbed",
+                                 f"{rail.name}: last probe {now - newest:.0f} s ago (stuck?)")
+                continue
+            _judge_classes(rail.name, got, peers, problems, fine,
+                           (transport_ok or {}).get(rail.name))
     if not fine and not problems:
         return problems.finding("NotConfigured", "no rail has peers configured")
     return problems.finding("PeersReachable", "; ".join(fine))

@@ -120,28 +120,29 @@ def hardware_finding(cfg: Config, ports: Mapping[str, PortHealth | None],
         return problems.finding("NotConfigured", "no rails configured")
     fine: list[str] = []
     for rail in cfg.rails:
-        port = ports.get(rail.name)
-        if port is None:
-            problems.unknown(UNREADABLE, f"{rail.name}: its RDMA port is not known yet")
-            continue
-        where = f"{rail.name} {port.device}/{port.port}"
-        before = len(problems.found)
-        _port_problems(where, port, hw, problems)
-        pcie = _pcie_problem(where, port, hw)
-        if pcie:
-            problems.fail(*pcie)
-        for name, limit in hw.error_limits.items():
-            grew = rates.growth(rail.name, name)
-            if grew is not None and grew[0] > limit:
-                problems.fail("ErrorCountersRising",
-                              f"{where}: {name} +{grew[0]} in {grew[1]:.0f} s "
-                              f"(limit {limit} per {hw.error_window:g} s)")
-        accepted = hw.firmware.get(port.hca_type or "")
-        if accepted and port.fw_ver not in accepted:
-            problems.fail("FirmwareMismatch",
-                          f"{where}: {port.hca_type} firmware {port.fw_ver or 'unreadable'}, "
-                          f"accepted: {', '.join(accepted)}")
-        if not any(not p.unknown for p in problems.found[before:]):
-            fine.append(f"{rail.name} {port.device}/{port.port} {port.state} "
-                        f"{port.rate or ''}".strip())
+        with problems.about(rail.name):
+            port = ports.get(rail.name)
+            if port is None:
+                problems.unknown(UNREADABLE, f"{rail.name}: its RDMA port is not known yet")
+                continue
+            where = f"{rail.name} {port.device}/{port.port}"
+            before = len(problems.found)
+            _port_problems(where, port, hw, problems)
+            pcie = _pcie_problem(where, port, hw)
+            if pcie:
+                problems.fail(*pcie)
+            for name, limit in hw.error_limits.items():
+                grew = rates.growth(rail.name, name)
+                if grew is not None and grew[0] > limit:
+                    problems.fail("ErrorCountersRising",
+                                  f"{where}: {name} +{grew[0]} in {grew[1]:.0f} s "
+                                  f"(limit {limit} per {hw.error_window:g} s)")
+            accepted = hw.firmware.get(port.hca_type or "")
+            if accepted and port.fw_ver not in accepted:
+                problems.fail("FirmwareMismatch",
+                              f"{where}: {port.hca_type} firmware {port.fw_ver or 'unreadable'}, "
+                              f"accepted: {', '.join(accepted)}")
+            if not any(not p.unknown for p in problems.found[before:]):
+                fine.append(f"{rail.name} {port.device}/{port.port} {port.state} "
+                            f"{port.rate or ''}".strip())
     return problems.finding("HardwareHealthy", "; ".join(fine))

@@ -47,18 +47,19 @@ def transport_finding(cfg: Config, results: Mapping[str, TransportResult],
     fine: list[str] = []
     stale_after = 2 * tr.probe_interval + tr.timeout * (len(cfg.rails) + 1)
     for rail in cfg.rails:
-        got = results.get(rail.name)
-        if rail.name in skipped:
-            problems.unknown(UNVERIFIED, f"{rail.name}: not probed: {skipped[rail.name]}")
-        elif got is None:
-            problems.unknown(UNVERIFIED, f"{rail.name}: not probed yet")
-        elif now - got.at > stale_after:
-            problems.unknown(UNVERIFIED,
-                             f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
-        elif got.ok:
-            fine.append(describe(got))
-        elif got.step in STEP_REASONS:
-            problems.fail(STEP_REASONS[got.step], describe(got))
-        else:
-            problems.unknown(UNVERIFIED, describe(got))
+        with problems.about(rail.name):
+            got = results.get(rail.name)
+            if rail.name in skipped:
+                problems.unknown(UNVERIFIED, f"{rail.name}: not probed: {skipped[rail.name]}")
+            elif got is None:
+                problems.unknown(UNVERIFIED, f"{rail.name}: not probed yet")
+            elif now - got.at > stale_after:
+                problems.unknown(UNVERIFIED,
+                                 f"{rail.name}: last probe {now - got.at:.0f} s ago (stuck?)")
+            elif got.ok:
+                fine.append(describe(got))
+            elif got.step in STEP_REASONS:
+                problems.fail(STEP_REASONS[got.step], describe(got))
+            else:
+                problems.unknown(UNVERIFIED, describe(got))
     return problems.finding("TransportVerified", "; ".join(fine))

@@ -67,6 +67,7 @@ def node_devices(slices: Iterable[Any], node: str, driver: str) -> SlicesObserva
                 value = _value(attribute)
                 if isinstance(key, str) and value is not None:
                     attributes[_qualified(key, driver)] = value
-            devices.append(SliceDevice(slice_name, text(obj(d).get("name")), attributes))
+            devices.append(SliceDevice(slice_name, text(obj(d).get("name")), attributes,
+                                       pool_name))
     incomplete = tuple(sorted(p for p, (seen, says) in counted.items() if seen < says))
     return SlicesObservation(tuple(devices), incomplete=incomplete)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -75,6 +76,11 @@ class Finding:
     message: str
     # The problems the message joins, one each (a reader lists them without re-splitting).
     problems: tuple[str, ...] = field(default=(), compare=False)
+    # Which rails the status is owed to (the failures', else the unknowns'), and whether
+    # some of it is owed to no one rail: what lets one bad rail be gated alone (a DRA
+    # device taint) while a node-wide fault still taints the node.
+    rails: Mapping[str, str] = field(default_factory=dict, compare=False)  # rail -> reason
+    whole_node: bool = field(default=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -99,6 +105,7 @@ class Problem:
     reason: str
     message: str
     unknown: bool = False
+    rail: str | None = None  # the rail it is about; None: the node as a whole
 
 
 @dataclass
@@ -110,12 +117,25 @@ class Problems:
 
     type: ConditionType
     found: list[Problem] = field(default_factory=list)
+    rail: str | None = None  # set by about(): the rail the problems found now are about
 
     def fail(self, reason: str, message: str) -> None:
-        self.found.append(Problem(reason, message))
+        self.found.append(Problem(reason, message, rail=self.rail))
 
-    def unknown(self, reason: str, message: str) -> None:
-        self.found.append(Problem(reason, message, unknown=True))
+    def unknown(self, reason: str, message: str, node: bool = False) -> None:
+        """`node`: about the node as a whole even inside about() (a table every rail is
+        read from, unreadable)."""
+        self.found.append(Problem(reason, message, unknown=True,
+                                  rail=None if node else self.rail))
+
+    @contextmanager
+    def about(self, rail: str) -> Iterator[None]:
+        """Problems found inside are about `rail` alone."""
+        before, self.rail = self.rail, rail
+        try:
+            yield
+        finally:
+            self.rail = before
 
     def extend(self, problems: Iterable[Problem]) -> None:
         self.found.extend(problems)
@@ -136,5 +156,10 @@ class Problems:
         unknown = [p for p in self.found if p.unknown]
         status: ConditionStatus = "False" if failed else "Unknown"
         messages = tuple(p.message for p in failed + unknown)
-        return Finding(self.type, status, (failed or unknown)[0].reason, "; ".join(messages),
-                       messages)
+        owed = failed or unknown
+        rails: dict[str, str] = {}
+        for p in owed:
+            if p.rail is not None:
+                rails.setdefault(p.rail, p.reason)
+        return Finding(self.type, status, owed[0].reason, "; ".join(messages), messages,
+                       rails=rails, whole_node=any(p.rail is None for p in owed))

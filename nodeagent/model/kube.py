@@ -16,6 +16,19 @@ class SliceDevice:
     slice: str  # the ResourceSlice's name
     name: str
     attributes: Mapping[str, str | int | bool]
+    pool: str = ""  # its pool's name (node-local drivers name it after the node)
+
+
+@dataclass(frozen=True)
+class DeviceRef:
+    """A device as DRA names it: what a DeviceTaintRule's selector takes."""
+
+    driver: str
+    pool: str
+    device: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.device}"
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 from nodeagent.model.conditions import FABRIC_READY, Finding
+from nodeagent.model.kube import DeviceRef
 from nodeagent.model.lustre import LustreProbeStatus
 from nodeagent.model.network import Neighbour
 from nodeagent.model.peers import PeerCard, PeerStats, TransportResult
@@ -70,6 +71,8 @@ class RailStatus:
     lent_seconds: float | None = None
     # With an lldp section: the switch port at its far end, while its LLDP holds.
     switch: Neighbour | None = None
+    # With a dra section: the rail's device in the driver's ResourceSlices.
+    dra_device: DeviceRef | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -93,6 +96,9 @@ class RailStatus:
             out["repairs_total"] = dict(self.repairs_total)
         if self.lent_seconds is not None:
             out["lent_seconds"] = round(self.lent_seconds, 1)
+        if self.dra_device is not None:
+            d = self.dra_device
+            out["dra_device"] = {"driver": d.driver, "pool": d.pool, "device": d.device}
         if self.switch is not None:
             s = self.switch
             out["lldp"] = {"switch": s.switch, "port": s.port, "chassis_id": s.chassis_id,
@@ -185,9 +191,17 @@ class PublisherState:
     conflicts: int = 0
     errors: int = 0
     events_dropped: int = 0
+    # With dra.device_taints: the rails whose device carries the agent's DeviceTaintRule.
+    device_taints: tuple[str, ...] | None = None
+    device_taints_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.device_taints is None:
+            del out["device_taints"], out["device_taints_error"]
+        else:
+            out["device_taints"] = list(self.device_taints)
+        return out
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.config import Kubernetes
+from nodeagent.config import DeviceTaints, Kubernetes
 from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
 from nodeagent.model.conditions import FABRIC_READY, Finding
 from nodeagent.model.status import PublisherState, Status
+from nodeagent.publish.device_taints import DeviceTaintWriter, RailGate
 from nodeagent.publish.node import (
     STARTING,
     Changed,
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 # A changed peer card or mesh verdict is written with an early Lease renewal, at most this
 # often (seconds); otherwise it waits for the next renewal (lease_period).
 MESH_GAP = 10.0
+RULES_RETRY = 10.0  # seconds before device taint rules that failed to sync are tried again
 
 
 @dataclass
@@ -49,6 +51,8 @@ class PublishState:
     last_error: str | None = None
     tainted: bool = True
     taint_reason: str = STARTING
+    device_taints: tuple[str, ...] = ()  # rails whose device carries the agent's rule
+    device_taints_error: str | None = None
 
 
 @dataclass
@@ -59,6 +63,7 @@ class _Due:
     card: float = 0.0  # a changed peer card or mesh may be written early (MESH_GAP apart)
     reconcile: float = 0.0  # the Node re-read while no watch serves it
     heartbeat: float = 0.0  # the conditions' lastHeartbeatTime refreshed
+    rules: float = 0.0  # the device taint rules listed again (or retried after a failure)
 
 
 @dataclass
@@ -127,6 +132,7 @@ class Publisher(threading.Thread):
         writer_factory: Callable[[], NodeWriter],
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
+        device_taints: DeviceTaints | None = None,
     ) -> None:
         super().__init__(name="kube-publisher", daemon=True)
         self.cfg = cfg
@@ -134,6 +140,10 @@ class Publisher(threading.Thread):
         self._link = _NodeLink(writer_factory, self._wake_up)
         self.clock = clock
         self.gate = TaintGate(cfg.clear_after)
+        # With dra.device_taints: one bad rail gated by its device's rule, not the node.
+        self.device_taints = device_taints
+        self.rail_gate = RailGate(cfg.clear_after) if device_taints is not None else None
+        self._rules: DeviceTaintWriter | None = None
         self.state = PublishState(tainted=cfg.taint is not None)  # conditions only: never
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -154,13 +164,21 @@ class Publisher(threading.Thread):
     # ------------------------------------------------------------ API for the local loop
 
     def submit(self, report: Status) -> None:
-        fabric = _fabric(report)
         with self._lock:
             self._latest = report
             # The gate sees every pass, even ones the writer never gets to (API slow or
             # down): a failure between two writes still restarts the clear_after dwell.
-            self.gate.feed(self.clock(), fabric)
+            now = self.clock()
+            self.gate.feed(now, self._node_finding(now, report))
         self._wake.set()
+
+    def _node_finding(self, now: float, report: Status) -> Finding:
+        """What the node's taint follows: FabricReady, unless its fault is one rail's and
+        that rail's device is gated instead."""
+        fabric = _fabric(report)
+        if self.rail_gate is None:
+            return fabric
+        return self.rail_gate.feed(now, fabric, report.report.rails)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._halt.set()
@@ -186,6 +204,11 @@ class Publisher(threading.Thread):
             lift = self.gate.lifts_at()
             if lift is not None:
                 deadlines.append(lift)
+            if self.rail_gate is not None:
+                deadlines.append(self._due.rules)
+                lift = self.rail_gate.lifts_at()
+                if lift is not None:
+                    deadlines.append(lift)
             if self._lease_meta() != self._written.lease_meta:
                 deadlines.append(self._due.card)
             wait = retry_in if retry_in is not None else max(0.0, min(deadlines) - now)
@@ -227,7 +250,7 @@ class Publisher(threading.Thread):
         if report is not None:
             with self._lock:  # the newest report still holds now: the dwell may be over
                 before = self.gate.tainted
-                tainted = self.gate.feed(now, _fabric(report))
+                tainted = self.gate.feed(now, self._node_finding(now, report))
                 want = (tainted, self.gate.reason)
             dirty = self._link.take_dirty()
             watched = self._link.watched()
@@ -250,6 +273,8 @@ class Publisher(threading.Thread):
                 self._written.key = key
                 if reconcile:
                     self._due.reconcile = now + self.cfg.reconcile_interval
+            if self.rail_gate is not None:
+                self._sync_rules(writer, now)
         meta = self._lease_meta()
         early = meta != self._written.lease_meta and now >= self._due.card
         if now >= self._due.lease or early:
@@ -259,6 +284,32 @@ class Publisher(threading.Thread):
             self._due.card = now + self.mesh_gap
         self.state.synced = True
         self.state.last_error = None
+
+    def _sync_rules(self, writer: NodeWriter, now: float) -> None:
+        """The device taint rules, when what is wanted changed or at the reconcile period
+        (someone may have deleted one). A failure here is said in the status file and
+        retried; it never holds up the Node's own conditions and taint."""
+        assert self.rail_gate is not None and self.device_taints is not None
+        wanted = self.rail_gate.wanted()
+        if self._rules is None:
+            self._rules = DeviceTaintWriter(writer.api, writer.counters, writer.node,
+                                            self.device_taints)
+        if wanted == self._rules.written and now < self._due.rules:
+            return
+        try:
+            changes = self._rules.sync(wanted)
+        except Exception as exc:  # API down, 403, the API not served: retried
+            self.state.device_taints_error = describe_error(exc)
+            self._due.rules = now + RULES_RETRY
+            log.warning("device taints: %s (retry in %.0fs)", self.state.device_taints_error,
+                        RULES_RETRY)
+            return
+        self.state.device_taints = tuple(w.rail for w in wanted)
+        self.state.device_taints_error = None
+        self._due.rules = now + self.cfg.reconcile_interval
+        for change in changes:
+            log.info("node %s: %s", writer.node, change)
+            writer.event(None, "DeviceTaint", change, "lifted" not in change)
 
     def _lease_meta(self) -> tuple[dict[str, str], dict[str, str]]:
         """The Lease's labels and annotations for the newest report: the peer card and
@@ -333,11 +384,14 @@ class Publisher(threading.Thread):
             writes=counters.writes if counters else 0,
             conflicts=counters.conflicts if counters else 0,
             errors=counters.errors if counters else 0,
-            events_dropped=counters.events_dropped if counters else 0)
+            events_dropped=counters.events_dropped if counters else 0,
+            device_taints=state.device_taints if self.device_taints else None,
+            device_taints_error=state.device_taints_error)
 
 
 def _key(status: PublisherState) -> tuple[Any, ...]:
-    return (status.synced, status.last_error, status.tainted, status.taint_reason)
+    return (status.synced, status.last_error, status.tainted, status.taint_reason,
+            status.device_taints, status.device_taints_error)
 
 
 def describe_error(exc: BaseException) -> str:

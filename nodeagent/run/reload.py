@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from nodeagent.config import Config, ConfigError
+from nodeagent.config import Config, ConfigError, DeviceTaints
 from nodeagent.run.work import Deliver, NodeChanged, Reloaded
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,8 @@ class ConfigReloader:
     def applied(self, cfg: Config, previous: Config) -> None:
         later = [name for name in ("kubernetes", "metrics")
                  if getattr(cfg, name) != getattr(previous, name)]
+        if _device_taints(cfg) != _device_taints(previous):  # the publisher's, made at start
+            later.append("dra.device_taints")
         # Said in the status file until the next reload: taken, but not all of it yet.
         verb = "take" if len(later) > 1 else "takes"
         self.error = (f"applied, but the {' and '.join(later)} section{'s' * (len(later) > 1)}"
@@ -120,3 +122,7 @@ def _not_at_a_reload(cfg: Config, running: Config) -> str | None:
         return (f"runtime_dir {cfg.runtime_dir} (now {running.runtime_dir}) is taken only at "
                 "a restart: the daemon's lock is in the running one")
     return None
+
+
+def _device_taints(cfg: Config) -> DeviceTaints | None:
+    return cfg.dra.device_taints if cfg.dra is not None else None

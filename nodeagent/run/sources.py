@@ -193,7 +193,8 @@ class Sources:
             node = cfg.resolved_node_name()
             self.publisher = Publisher(
                 kcfg, lambda: NodeWriter(api_client(kcfg, kcfg.request_timeout), node, kcfg),
-                on_change=lambda: self.deliver(NodeChanged()))
+                on_change=lambda: self.deliver(NodeChanged()),
+                device_taints=cfg.dra.device_taints if cfg.dra is not None else None)
             self._start(self.publisher)
 
     def start_netlink(self, cfg: Config) -> NetlinkMonitor:

@@ -167,6 +167,10 @@ class ApiServer:
             "--service-cluster-ip-range=10.96.0.0/24",
             f"--cert-dir={d / 'certs'}",
             "--profiling=false",
+            # DRA device taints (alpha in 1.34): DeviceTaintRule in resource.k8s.io/v1alpha3,
+            # what dra.device_taints writes.
+            "--feature-gates=DRADeviceTaints=true",
+            "--runtime-config=resource.k8s.io/v1alpha3=true",
             "--v=0",
         ]
         with open(self.log_path, "ab") as log:
