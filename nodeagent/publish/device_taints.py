@@ -225,3 +225,29 @@ class DeviceTaintWriter:
             changes.append(f"device taint {name} lifted")
         self.written = tuple(wanted)
         return changes
+
+
+@dataclass
+class RailTaints:
+    """The publisher's device-taint side in one place: the per-rail gate, the writer (made
+    at the first sync, on the Node writer's client), what it left in place and its error."""
+
+    taint: DeviceTaints
+    gate: RailGate
+    writer: DeviceTaintWriter | None = None
+    rails: tuple[str, ...] = ()  # rails whose device carries the agent's rule
+    error: str | None = None  # why the last sync failed
+
+    def due(self, now: float, reconcile_at: float) -> bool:
+        """Whether the rules are to be synced: what is wanted changed, or a re-list is due
+        (someone may have deleted one; or a failed sync's retry)."""
+        return self.writer is None or self.gate.wanted() != self.writer.written \
+            or now >= reconcile_at
+
+    def sync(self, api: Any, counters: Any, node: str) -> list[str]:
+        if self.writer is None:
+            self.writer = DeviceTaintWriter(api, counters, node, self.taint)
+        wanted = self.gate.wanted()
+        changes = self.writer.sync(wanted)
+        self.rails, self.error = tuple(w.rail for w in wanted), None
+        return changes

@@ -21,7 +21,7 @@ from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
 from nodeagent.model.conditions import FABRIC_READY, Finding
 from nodeagent.model.status import PublisherState, Status
-from nodeagent.publish.device_taints import DeviceTaintWriter, RailGate
+from nodeagent.publish.device_taints import RailGate, RailTaints
 from nodeagent.publish.node import (
     STARTING,
     Changed,
@@ -51,8 +51,6 @@ class PublishState:
     last_error: str | None = None
     tainted: bool = True
     taint_reason: str = STARTING
-    device_taints: tuple[str, ...] = ()  # rails whose device carries the agent's rule
-    device_taints_error: str | None = None
 
 
 @dataclass
@@ -141,9 +139,8 @@ class Publisher(threading.Thread):
         self.clock = clock
         self.gate = TaintGate(cfg.clear_after)
         # With dra.device_taints: one bad rail gated by its device's rule, not the node.
-        self.device_taints = device_taints
-        self.rail_gate = RailGate(cfg.clear_after) if device_taints is not None else None
-        self._rules: DeviceTaintWriter | None = None
+        self.rail_taints = (RailTaints(device_taints, RailGate(cfg.clear_after))
+                            if device_taints is not None else None)
         self.state = PublishState(tainted=cfg.taint is not None)  # conditions only: never
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -176,9 +173,9 @@ class Publisher(threading.Thread):
         """What the node's taint follows: FabricReady, unless its fault is one rail's and
         that rail's device is gated instead."""
         fabric = _fabric(report)
-        if self.rail_gate is None:
+        if self.rail_taints is None:
             return fabric
-        return self.rail_gate.feed(now, fabric, report.report.rails)
+        return self.rail_taints.gate.feed(now, fabric, report.report.rails)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._halt.set()
@@ -204,9 +201,9 @@ class Publisher(threading.Thread):
             lift = self.gate.lifts_at()
             if lift is not None:
                 deadlines.append(lift)
-            if self.rail_gate is not None:
+            if self.rail_taints is not None:
                 deadlines.append(self._due.rules)
-                lift = self.rail_gate.lifts_at()
+                lift = self.rail_taints.gate.lifts_at()
                 if lift is not None:
                     deadlines.append(lift)
             if self._lease_meta() != self._written.lease_meta:
@@ -273,7 +270,7 @@ class Publisher(threading.Thread):
                 self._written.key = key
                 if reconcile:
                     self._due.reconcile = now + self.cfg.reconcile_interval
-            if self.rail_gate is not None:
+            if self.rail_taints is not None:
                 self._sync_rules(writer, now)
         meta = self._lease_meta()
         early = meta != self._written.lease_meta and now >= self._due.card
@@ -289,23 +286,17 @@ class Publisher(threading.Thread):
         """The device taint rules, when what is wanted changed or at the reconcile period
         (someone may have deleted one). A failure here is said in the status file and
         retried; it never holds up the Node's own conditions and taint."""
-        assert self.rail_gate is not None and self.device_taints is not None
-        wanted = self.rail_gate.wanted()
-        if self._rules is None:
-            self._rules = DeviceTaintWriter(writer.api, writer.counters, writer.node,
-                                            self.device_taints)
-        if wanted == self._rules.written and now < self._due.rules:
+        rules = self.rail_taints
+        assert rules is not None
+        if not rules.due(now, self._due.rules):
             return
         try:
-            changes = self._rules.sync(wanted)
+            changes = rules.sync(writer.api, writer.counters, writer.node)
         except Exception as exc:  # API down, 403, the API not served: retried
-            self.state.device_taints_error = describe_error(exc)
+            rules.error = describe_error(exc)
             self._due.rules = now + RULES_RETRY
-            log.warning("device taints: %s (retry in %.0fs)", self.state.device_taints_error,
-                        RULES_RETRY)
+            log.warning("device taints: %s (retry in %.0fs)", rules.error, RULES_RETRY)
             return
-        self.state.device_taints = tuple(w.rail for w in wanted)
-        self.state.device_taints_error = None
         self._due.rules = now + self.cfg.reconcile_interval
         for change in changes:
             log.info("node %s: %s", writer.node, change)
@@ -385,8 +376,8 @@ class Publisher(threading.Thread):
             conflicts=counters.conflicts if counters else 0,
             errors=counters.errors if counters else 0,
             events_dropped=counters.events_dropped if counters else 0,
-            device_taints=state.device_taints if self.device_taints else None,
-            device_taints_error=state.device_taints_error)
+            device_taints=self.rail_taints.rails if self.rail_taints else None,
+            device_taints_error=self.rail_taints.error if self.rail_taints else None)
 
 
 def _key(status: PublisherState) -> tuple[Any, ...]:
