@@ -489,6 +489,9 @@ class Dra(_Strict):
     attributes: DraAttributes = DraAttributes()
     interval: Interval = 60.0
     gate: bool = False  # true: part of FabricReady
+    # A rail lent to a pod by a claim (its netdev in the pod's namespace) that is not back
+    # this long after its pod ended: RoCENetworkReady False, LentRailNotReturned.
+    return_within: Interval = 120.0
     # One bad rail gated alone: a failing rail's device gets a DeviceTaintRule (selector:
     # driver, pool, device from the slices) and the node keeps its taint only for what is
     # not one rail's (the GID table unreadable, every rail, a node-wide check, the API).

@@ -25,7 +25,11 @@ from typing import Any, TypeVar
 from nodeagent.checks.peers import PeerHistory
 from nodeagent.checks.port_health import ErrorRates
 from nodeagent.checks.traffic import TrafficTracker
-from nodeagent.model.kube import DevicePluginObservation, SlicesObservation
+from nodeagent.model.kube import (
+    ClaimsObservation,
+    DevicePluginObservation,
+    SlicesObservation,
+)
 from nodeagent.model.lustre import LustreObservation
 from nodeagent.model.network import Neighbour, RailObservation
 from nodeagent.model.peers import PeerProbe, PeerRef, TransportResult
@@ -154,6 +158,11 @@ class PluginSeen(Delivered):
 @dataclass(frozen=True)
 class SlicesSeen(Delivered):
     observation: SlicesObservation
+
+
+@dataclass(frozen=True)
+class ClaimsSeen(Delivered):
+    observation: ClaimsObservation
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from nodeagent.config import parse_duration
 from nodeagent.io.files import one_line, printable
 from nodeagent.kube.fields import text, timestamp
 from nodeagent.kube.nodeview import read_node
-from nodeagent.kube.peercard import read_lease
+from nodeagent.kube.peercard import read_aside, read_lease
 from nodeagent.model.conditions import FABRIC_READY
-from nodeagent.model.kube import FW_VERSION, HCA_TYPE, switches_of
+from nodeagent.model.kube import FW_VERSION, HCA_TYPE, RailsAside, switches_of
 
 # `-o wide`: a column for every registered condition but FabricReady (the FABRIC column).
 COLUMNS = tuple(c for c in CONDITIONS if c.type != FABRIC_READY)
@@ -65,6 +65,8 @@ class FleetRow:
     switches: dict[str, str] = field(default_factory=dict)  # rail -> switch (LLDP, labels)
     # rail -> its switch, where that switch is named for failing outward (switch_faults)
     switch_faults: dict[str, str] = field(default_factory=dict)
+    lent: dict[str, str] = field(default_factory=dict)  # rail -> the pod holding it (Lease)
+    device_taints: dict[str, str] = field(default_factory=dict)  # rail -> its rule's reason
 
 
 _SHOWN = frozenset(c.type for c in CONDITIONS)
@@ -87,10 +89,16 @@ def fleet_view(nodes: Iterable[Any], leases: Iterable[Any],
     Lease's duration (what it promised when it renewed)."""
     renewed = {}
     holds: dict[str, float] = {}
-    for lease in filter(None, map(read_lease, leases)):
+    aside: dict[str, RailsAside] = {}
+    leases = list(leases)
+    for raw in leases:
+        lease = read_lease(raw)
+        if lease is None:
+            continue
         renewed[lease.node] = lease.renewed
         if lease.duration is not None:
             holds[lease.node] = lease.duration
+        aside[lease.node] = read_aside(raw)
     rows = []
     firmware: dict[str, tuple[str, str]] = {}  # node -> (HCA type, firmware) from labels
     cells = mesh_cells(leases)
@@ -126,6 +134,10 @@ def fleet_view(nodes: Iterable[Any], leases: Iterable[Any],
         if row.capacity == 0 or row.allocatable == 0:
             row.flags.append("no-rdma")
         row.peers = counts.get(name, {})
+        set_aside = aside.get(name, RailsAside())
+        row.lent, row.device_taints = dict(set_aside.lent), dict(set_aside.tainted)
+        if row.device_taints:
+            row.flags.append("device-taint")
         row.switches = switches_of(node.labels)
         row.switch_faults = dict(sorted(named.get(name, {}).items()))
         if name in suspect:
@@ -174,6 +186,12 @@ def _cell(condition: Mapping[str, str] | None) -> str:
     return status if status == "True" else f"{status} {condition.get('reason', '')}".rstrip()
 
 
+def _pod(holder: str) -> str:
+    """A lent rail's holder in a column: the pod's namespace/name ("pod ns/x (claim c)")."""
+    words = holder.split()
+    return words[1] if len(words) > 1 and words[0] == "pod" else "?"
+
+
 def render_table(rows: list[FleetRow], now: float, wide: bool = False,
                  color: bool = False, faults: Sequence[SwitchFault] = ()) -> str:
     """The table, then a line for each switch named (once, with its nodes)."""
@@ -187,7 +205,7 @@ def _table(rows: list[FleetRow], now: float, wide: bool, color: bool) -> str:
     head = ["NODE", "FABRIC", "REASON", "TAINT", "SINCE", "HEARTBEAT", "RDMA", "PEERS"]
     if wide:
         head[3:3] = [c.column for c in COLUMNS]
-        head.append("SWITCHES")
+        head += ["SWITCHES", "LENT", "DEVICE-TAINTS"]
     head.append("FLAGS")
     lines = [head]
     for r in rows:
@@ -199,7 +217,9 @@ def _table(rows: list[FleetRow], now: float, wide: bool, color: bool) -> str:
                 peers_text(r.peers, per_rail=wide)]
         if wide:
             line[3:3] = [_cell(r.conditions.get(c.type)) for c in COLUMNS]
-            line.append(",".join(f"{k}={v}" for k, v in sorted(r.switches.items())) or "-")
+            line += [",".join(f"{k}={v}" for k, v in sorted(rails.items())) or "-"
+                     for rails in (r.switches, {k: _pod(v) for k, v in r.lent.items()},
+                                   r.device_taints)]
         line.append(",".join(r.flags) or "-")
         lines.append([printable(cell) for cell in line])  # names and reasons are not ours
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]

@@ -243,6 +243,10 @@ def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
 
 
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
 def watch(
     api: k8s.ApiClient,
     counters: Counters,

@@ -15,7 +15,10 @@ Labels (selectable by the API server, so a peer sample costs a bounded list):
 Annotations:
 - `nodeagent.io/peer-card`: `{"port": 18600, "rails": {"rail0": "10.10.0.5/24", ...},
   "switches": {"rail0": "leaf-07-r0", ...}}` (switches only where heard);
-- `nodeagent.io/peer-mesh`: `{"rail0": {"10.10.0.6": "ok", "10.10.0.7": "roce"}, ...}`.
+- `nodeagent.io/peer-mesh`: `{"rail0": {"10.10.0.6": "ok", "10.10.0.7": "roce"}, ...}`;
+- `nodeagent.io/rails-aside` (peers section or not, while any is):
+  `{"lent": {"rail1": "pod ml/train-0 (claim ml/train-0-nic)"}, "tainted": {"rail2":
+  "PortDown"}}`: rails lent to a pod, and rails under the agent's DeviceTaintRule.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nodeagent.io.files import parse_json_state
+from nodeagent.io.files import parse_json_state, printable
 from nodeagent.kube.fields import obj, text, timestamp
-from nodeagent.model.kube import label_value
+from nodeagent.model.kube import RailsAside, label_value
 from nodeagent.model.peers import CardRail, MeshVerdict, PeerCard, PeerOutcome, PeerStats
 from nodeagent.model.status import RailStatus
 
@@ -40,6 +43,7 @@ NET = "net.nodeagent.io/"
 SWITCH = "switch.nodeagent.io/"
 CARD = "nodeagent.io/peer-card"
 MESH = "nodeagent.io/peer-mesh"
+ASIDE = "nodeagent.io/rails-aside"
 RING_LEVELS = (3, 2, 1)  # hex digits of the group label, finest first
 LEASE_PREFIX = "nodeagent-"
 MAX_ANNOTATION = 64 << 10  # a card or mesh larger than this is someone else's mischief
@@ -116,17 +120,33 @@ def _worst_by_peer(stats: Iterable[PeerStats]) -> dict[str, str]:
     return {address: str(v) for address, v in out.items()}
 
 
-def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus]) -> tuple[
-        dict[str, str], dict[str, str]]:
-    """The labels and annotations of the agent's Lease: none without a card. Each rail's
-    switch, where it hears one, goes on the card from the rails' status."""
-    if card is None:
-        return {}, {}
+def lease_metadata(card: PeerCard | None, rails: Iterable[RailStatus],
+                   aside: RailsAside | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations of the agent's Lease: the card and mesh with a card (each
+    rail's switch, where it hears one, goes on the card from the rails' status), the rails
+    set aside when there are any."""
     rails = list(rails)
+    labels: dict[str, str] = {}
+    notes = {ASIDE: json.dumps({"lent": dict(aside.lent), "tainted": dict(aside.tainted)},
+                               sort_keys=True, separators=(",", ":"))} if aside else {}
+    if card is None:
+        return labels, notes
     heard = {r.name: name for r in rails if r.switch is not None
              and (name := label_value(r.switch.switch))}
     card = replace(card, rails=tuple(replace(r, switch=heard.get(r.name)) for r in card.rails))
-    return card_labels(card), {CARD: card_annotation(card), MESH: mesh_annotation(rails)}
+    return card_labels(card), {CARD: card_annotation(card), MESH: mesh_annotation(rails),
+                               **notes}
+
+
+def read_aside(lease: Any) -> RailsAside:
+    """The rails an agent's Lease says are set aside (none when it says nothing readable)."""
+    doc = _json(obj(obj(obj(lease).get("metadata")).get("annotations")).get(ASIDE))
+
+    def rails(value: Any) -> dict[str, str]:
+        return {printable(k)[:63]: printable(v)[:200] for k, v in list(obj(value).items())
+                [:MAX_RAILS] if isinstance(k, str) and isinstance(v, str)}
+
+    return RailsAside(rails(doc.get("lent")), rails(doc.get("tainted")))
 
 
 # ---------------------------------------------------------------- reading them back

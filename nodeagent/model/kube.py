@@ -32,6 +32,44 @@ class DeviceRef:
 
 
 @dataclass(frozen=True)
+class Lending:
+    """A device a ResourceClaim allocated to a pod on this node: who holds it."""
+
+    device: DeviceRef
+    pod: str  # namespace/name
+    claim: str  # namespace/name
+
+    def __str__(self) -> str:
+        return f"pod {self.pod} (claim {self.claim})"
+
+
+@dataclass(frozen=True)
+class ClaimsObservation:
+    """The devices this node's pods hold through ResourceClaims, and which pods are here
+    and not ended (a lent rail's holder missing from them is gone)."""
+
+    lendings: tuple[Lending, ...] = ()
+    pods: frozenset[str] = frozenset()  # namespace/name
+    error: str | None = None  # why they could not be read
+
+    def holder(self, device: DeviceRef) -> Lending | None:
+        return next((x for x in self.lendings if x.device == device), None)
+
+
+@dataclass(frozen=True)
+class RailsAside:
+    """The rails a node's agent has set aside, as its Lease tells the fleet: lent to a pod
+    (rail -> its holder, where the claims name it) and under its DeviceTaintRule (rail ->
+    the rule's reason)."""
+
+    lent: Mapping[str, str] = field(default_factory=dict)
+    tainted: Mapping[str, str] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.lent or self.tainted)
+
+
+@dataclass(frozen=True)
 class SlicesObservation:
     """This node's ResourceSlices of one driver, the current generation of each pool."""
 

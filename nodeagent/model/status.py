@@ -69,6 +69,7 @@ class RailStatus:
     # Seconds since its netdev moved to another network namespace (lent to a pod): while
     # lent, the rail is not checked, probed or repaired.
     lent_seconds: float | None = None
+    lent_to: str | None = None  # "pod ns/name (claim ns/c)", where the claims name it
     # With an lldp section: the switch port at its far end, while its LLDP holds.
     switch: Neighbour | None = None
     # With a dra section: the rail's device in the driver's ResourceSlices.
@@ -96,6 +97,8 @@ class RailStatus:
             out["repairs_total"] = dict(self.repairs_total)
         if self.lent_seconds is not None:
             out["lent_seconds"] = round(self.lent_seconds, 1)
+        if self.lent_to is not None:
+            out["lent_to"] = self.lent_to
         if self.dra_device is not None:
             d = self.dra_device
             out["dra_device"] = {"driver": d.driver, "pool": d.pool, "device": d.device}

@@ -20,6 +20,7 @@ from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
 from nodeagent.model.conditions import FABRIC_READY, Finding
+from nodeagent.model.kube import RailsAside
 from nodeagent.model.status import PublisherState, Status
 from nodeagent.publish.device_taints import RailGate, RailTaints
 from nodeagent.publish.node import (
@@ -303,13 +304,21 @@ class Publisher(threading.Thread):
             writer.event(None, "DeviceTaint", change, "lifted" not in change)
 
     def _lease_meta(self) -> tuple[dict[str, str], dict[str, str]]:
-        """The Lease's labels and annotations for the newest report: the peer card and
-        the probes' verdicts, written when they change (MESH_GAP apart at most)."""
+        """The Lease's labels and annotations for the newest report: the peer card, the
+        probes' verdicts and the rails set aside, written when they change (MESH_GAP apart
+        at most)."""
         with self._lock:
             report = self._latest
         if report is None:
             return self._written.lease_meta
-        return lease_metadata(report.peer_card, report.report.rails)
+        rails = report.report.rails
+        taints = self.rail_taints
+        aside = RailsAside(
+            lent={r.name: r.lent_to or "another network namespace" for r in rails
+                  if r.lent_seconds is not None},
+            tainted={t.rail: t.reason for t in (taints.writer.written or ())}
+            if taints is not None and taints.writer is not None else {})
+        return lease_metadata(report.peer_card, rails, aside)
 
     def _drifted(self, node: dict[str, Any], report: Status, tainted: bool) -> bool:
         """Whether the Node says something other than the agent's verdict: its taint,

@@ -17,13 +17,16 @@ from typing import Any
 
 from nodeagent.checks.cabling import heard_now
 from nodeagent.checks.conditions import judge_pass
+from nodeagent.checks.dra import rail_devices
 from nodeagent.checks.facts import (
+    ClaimsSeen,
     CountersSeen,
     Facts,
     FingerprintSeen,
     LLDPSeen,
     PeersSeen,
     PortsSeen,
+    SlicesSeen,
 )
 from nodeagent.checks.gid import (
     GidVerdict,
@@ -39,11 +42,11 @@ from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads, Stuck
 from nodeagent.io.files import descriptor_faults
 from nodeagent.model.conditions import ROCE_NETWORK_READY
-from nodeagent.model.kube import label_value
+from nodeagent.model.kube import Lending, label_value
 from nodeagent.model.network import GID_AFFECTING, Deletion
 from nodeagent.model.peers import RailEndpoint, Targets
 from nodeagent.model.rdma import GidTable, Pin, PortHealth
-from nodeagent.model.status import RailStatus, Report
+from nodeagent.model.status import RailStatus, RailTimeline, Report
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
@@ -458,8 +461,13 @@ class Evaluator:
         figures as the history has them now: after this pass's repairs)."""
         store = self.store
         now = self.clock()
+        timelines = store.history.timelines(now) if store.history is not None else {}
+        for rail, why in self._lent_overdue(now).items():  # outranks what else it shows
+            timelines[rail] = replace(timelines.get(rail, RailTimeline()),
+                                      verdict=("LentRailNotReturned", f"{self.rails[rail].label}"
+                                               f" lent to a pod: {why}"))
         return Facts(
-            timelines=store.history.timelines(now) if store.history is not None else {},
+            timelines=timelines,
             now=now, gid_table=store.gid_table, qps=store.qps,
             rail_seen=dict(store.rail_seen),
             observations={n: o for n, o in store.observations.items() if n in self.rails},
@@ -471,6 +479,7 @@ class Evaluator:
         kept for the re-pin and the transport probe. `unreadable`: the problems
         observe_facts met."""
         repairs = repairs or Repairs()
+        self._account_lent()
         judged = self.facts()
         cfg = self.judged_config()
         report = judge_pass(cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
@@ -480,26 +489,54 @@ class Evaluator:
         self.repins.settled(self.gid_verdict.shifts)
         return report
 
+    def _account_lent(self) -> None:
+        """Who holds each lent rail (with a dra section: the claims on this node)."""
+        lent = self.store.lent
+        if lent or lent.holders:
+            slices, claims = self.store.get(SlicesSeen), self.store.get(ClaimsSeen)
+            lent.account(rail_devices(self.cfg, slices.observation if slices else None),
+                         claims.observation if claims else None, self.clock())
+
+    def _lent_overdue(self, now: float) -> dict[str, str]:
+        """The lent rails not back within dra.return_within of their pod's end: judged
+        again, and failed."""
+        dra = self.cfg.dra
+        return self.store.lent.overdue(now, dra.return_within) if dra is not None else {}
+
     def judged_config(self) -> Config:
         """The config a pass judges: without the rails lent to another network namespace
-        (a pod's), which are not missing: no drift, no GID verdict, no probe, no repair."""
-        if not self.store.lent:
+        (a pod's), which are not missing: no drift, no GID verdict, no probe, no repair.
+        One not back in time after its pod ended is judged (and fails)."""
+        excused = set(self.store.lent) - set(self._lent_overdue(self.clock()))
+        if not excused:
             return self.cfg
         return self.cfg.model_copy(update={"rails": [
-            r for r in self.cfg.rails if r.name not in self.store.lent]})
+            r for r in self.cfg.rails if r.name not in excused]})
 
     def _say_lent(self, report: Report) -> None:
-        """Each lent rail in the status (its own row) and in RoCENetworkReady's message."""
-        now = self.clock()
-        lent = [(r, now - self.store.lent[r.name]) for r in self.cfg.rails
-                if r.name in self.store.lent]
+        """Each lent rail in the status (its own row) and in RoCENetworkReady's message,
+        with its holder where the claims name it."""
+        now, store = self.clock(), self.store.lent
+        overdue = self._lent_overdue(now)
+        lent = [(r, now - store[r.name], store.holders.get(r.name)) for r in self.cfg.rails
+                if r.name in store and r.name not in overdue]
         if not lent:
             return
-        report.rails.extend(RailStatus(r.name, r.interface, lent_seconds=age) for r, age in lent)
-        words = "; ".join(f"{r.label} lent to another network namespace {age:.0f} s ago (a "
-                          "pod's: not checked or repaired until it returns)" for r, age in lent)
+        report.rails.extend(RailStatus(r.name, r.interface, lent_seconds=age,
+                                       lent_to=str(held) if held else None)
+                            for r, age, held in lent)
+        words = "; ".join(self._lent_words(r, age, held, now) for r, age, held in lent)
         report.findings = [replace(f, message=f"{f.message}; {words}" if f.message else words)
                            if f.type == ROCE_NETWORK_READY else f for f in report.findings]
+
+    def _lent_words(self, rail: Rail, age: float, held: Lending | None, now: float) -> str:
+        if held is None:
+            return (f"{rail.label} lent to another network namespace {age:.0f} s ago (a "
+                    "pod's: not checked or repaired until it returns)")
+        ended = self.store.lent.ended.get(rail.name)
+        after = "" if ended is None else f"; its pod ended {now - ended:.0f} s ago"
+        return (f"{rail.label} lent to {held} {age:.0f} s ago (not checked or repaired "
+                f"until it returns{after})")
 
     def keep_learned_pins(self, report: Report) -> None:
         """Pins the latest judgement learned are kept, and saved unless this is a check.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nodeagent.checks.facts import D, Delivered, latest
@@ -20,6 +20,7 @@ from nodeagent.config import Config, Rail
 from nodeagent.io.bounded import BoundedReads
 from nodeagent.io.files import describe_error
 from nodeagent.model.conditions import Finding
+from nodeagent.model.kube import ClaimsObservation, DeviceRef, Lending
 from nodeagent.model.network import RailObservation
 from nodeagent.model.rdma import GidTable, Pin, QueuePairs
 from nodeagent.run.own_rdma import OwnRDMA
@@ -37,6 +38,34 @@ class LentRails(dict[str, float]):
     def __init__(self) -> None:
         super().__init__()
         self.saved: dict[str, float] = {}  # as last saved
+        self.holders: dict[str, Lending] = {}  # rail -> the pod and claim that hold it
+        self.ended: dict[str, float] = {}  # rail -> when its holder's pod was seen gone
+
+    def account(self, devices: Mapping[str, DeviceRef], claims: ClaimsObservation | None,
+                now: float) -> None:
+        """Who holds each lent rail, by its device in the slices and the claims on this
+        node; and since when its holder is gone (unknown while the claims cannot be read)."""
+        for table in (self.holders, self.ended):
+            for rail in [r for r in table if r not in self]:
+                del table[rail]
+        if claims is None or claims.error is not None:
+            return
+        for rail in self:
+            device = devices.get(rail)
+            held = claims.holder(device) if device is not None else None
+            if held is not None and held.pod in claims.pods:
+                self.holders[rail] = held
+                self.ended.pop(rail, None)
+            elif rail in self.holders and self.holders[rail].pod not in claims.pods:
+                self.ended.setdefault(rail, now)
+
+    def overdue(self, now: float, bound: float) -> dict[str, str]:
+        """rail -> why it counts as failed: its holder ended more than `bound` ago and its
+        netdev is not back."""
+        return {rail: f"its netdev is not back {now - since:.0f} s after "
+                      f"{self.holders[rail]} ended (bound {bound:.0f} s): held by a leaked "
+                      "network namespace?"
+                for rail, since in self.ended.items() if now - since > bound}
 
     def follow(self, rail: str, moved_away: bool, back: bool, now: float) -> None:
         """A link event of the rail's netdev: gone to another namespace, or here again."""

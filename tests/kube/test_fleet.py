@@ -84,7 +84,11 @@ def fleet(apiserver: ApiServer) -> Iterator[dict[str, Any]]:
         call(admin, Counters(), "POST",
              f"/apis/coordination.k8s.io/v1/namespaces/{LEASES}/leases",
              {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-              "metadata": {"name": lease_name},
+              "metadata": {"name": lease_name, "annotations": {
+                  # fleet-10's agent has lent rail1 to a pod (the shape lease_metadata writes)
+                  "nodeagent.io/rails-aside": json.dumps({"lent": {
+                      "rail1": "pod ml/train-0 (claim ml/train-0-nic)"}, "tainted": {}})}
+                  if name == "fleet-10" else {}},
               "spec": {"holderIdentity": name, "leaseDurationSeconds": 60,
                        "renewTime": micro(-600 if name == "fleet-2" else -5)}})
     core.create_node({"metadata": {"name": "cpu-0"}})  # type: ignore[arg-type]
@@ -123,7 +127,10 @@ def test_table_puts_trouble_first(apiserver: ApiServer, fleet: dict[str, Any], t
     # A column per registered condition, in the registry's order (FabricReady has its own).
     columns = [c.column for c in CONDITIONS if c is not FABRIC]
     assert lines[0].split() == ["NODE", "FABRIC", "REASON", *columns, "TAINT", "SINCE",
-                                "HEARTBEAT", "RDMA", "PEERS", "SWITCHES", "FLAGS"]
+                                "HEARTBEAT", "RDMA", "PEERS", "SWITCHES", "LENT",
+                                "DEVICE-TAINTS", "FLAGS"]
+    lent = next(line.split() for line in lines if line.startswith("fleet-10 "))
+    assert lent[-3:] == ["rail1=ml/train-0", "-", "-"], lent  # lent is no flag
     # the newest conditions, derived like the rest
     assert {"NCCL", "DRA", "CONGESTION", "CABLING"} <= set(columns)
     flagged = [line.split()[0] for line in lines[1:5]]
