@@ -9,9 +9,11 @@ from the host: the default, no API request per pod; or the Node through the API 
 pod's own token); the Lustre mounts the job needs answer a bounded statfs (in a child
 process: a hung mount never hangs the init container); NCCL, given this environment and
 this container's view of the RDMA ports, would use every rail at its IPv4 RoCE v2 GID
-(checks/nccl.py); and with `--peers`, the gang (cli/gang.py): all pods at a barrier, then
-each rail's RoCE probe of the next pod. Fit, the termination message says what NCCL will
-use (devices, GIDs, traffic class).
+(checks/nccl.py); with `--claims` (DRA), the NICs this pod's ResourceClaims hold are in
+the container with RDMA and used by NCCL, and each allocated GPU shares a NIC's PCIe root
+or NUMA node (the slices' attributes); and with `--peers`, the gang (cli/gang.py): all pods
+at a barrier, then each rail's RoCE probe of the next pod. Fit, the termination message
+says what NCCL will use (devices, GIDs, traffic class).
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from nodeagent.checks.preflight import PreflightFacts, judge_preflight
 from nodeagent.config import parse_duration
 from nodeagent.io.files import NotARegularFile, printable, write_regular
 from nodeagent.kube.nodeview import read_node
 from nodeagent.model.conditions import FABRIC_READY
-from nodeagent.model.jobs import NodeRail, NodeVerdict, Unfit
+from nodeagent.model.jobs import AllocatedDevice, NodeRail, NodeVerdict, PodAllocation, Unfit
 
 TERMINATION_MAX = 4096  # the kubelet keeps this much of a termination message
 EXIT_FIT, EXIT_UNFIT, EXIT_USAGE = 0, 1, 2
@@ -74,6 +77,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-partial-rails", action="store_true",
                    help="pass a job whose NCCL settings use only some of the rails (by "
                    "default that is refused: it trains at a fraction of the bandwidth)")
+    p.add_argument("--claims", action="store_true",
+                   help="DRA: read this pod's ResourceClaims with its own token ($POD_NAME, "
+                   "$POD_NAMESPACE from the downward API; the nodeagent-preflight "
+                   "ClusterRole): each allocated NIC in the container with RDMA and used "
+                   "by NCCL, each GPU on a NIC's PCIe root or NUMA node; the rails judged "
+                   "are the allocated NICs'")
+    p.add_argument("--nic-driver", default="dra.net",
+                   help="with --claims: the DRA driver whose devices are the NICs")
+    p.add_argument("--allow-unaligned", action="store_true",
+                   help="with --claims: pass a GPU with no allocated NIC on its PCIe root "
+                   "or NUMA node")
     p.add_argument("--termination-log", default="/dev/termination-log", type=Path,
                    help="where the kubelet reads the termination message")
     p.add_argument("--dev", default="/dev", type=Path, help="root of the device nodes")
@@ -171,6 +185,46 @@ def verdict_from_api(node: str) -> NodeVerdict:
     return NodeVerdict(node, fabric.status == "True", fabric.reason, fabric.message[:500])
 
 
+def allocation_from_api(namespace: str, pod: str, node: str, api: Any = None) -> PodAllocation:
+    """The devices this pod's ResourceClaims hold, each with its attributes from this
+    node's ResourceSlices; read with the pod's own token (the nodeagent-preflight
+    ClusterRole: get on pods and resourceclaims, list on resourceslices)."""
+    from nodeagent.kube.api import Counters, api_error_text, call, incluster_client
+    from nodeagent.kube.claims import allocated, node_pods
+    from nodeagent.kube.fields import obj, text
+    from nodeagent.kube.slices import node_devices
+
+    if not namespace or not pod:
+        return PodAllocation(problem="--claims needs this pod's name and namespace: "
+                             "$POD_NAME and $POD_NAMESPACE (env from fieldRef metadata.name "
+                             "and metadata.namespace)")
+    counters = Counters()
+    try:
+        api = api or incluster_client(10.0)
+        got = call(api, counters, "GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        node = node or text(obj(got.get("spec")).get("nodeName"))
+        _, held = node_pods([got])
+        refs = []
+        for claim in held[0].claims if held else ():
+            ns, name = claim.split("/", 1)
+            body = call(api, counters, "GET",
+                        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}")
+            refs += [(claim, d) for d in allocated(body)]
+        if not refs:
+            return PodAllocation()
+        listed = call(api, counters, "GET", "/apis/resource.k8s.io/v1/resourceslices",
+                      query=[("fieldSelector", f"spec.nodeName={node}")]).get("items")
+        slices = listed if isinstance(listed, list) else []
+    except Exception as exc:  # not in a pod, 403, API down: one line, fail closed
+        return PodAllocation(problem=printable(api_error_text(exc))[:300])
+    attributes = {(driver, d.pool, d.name): d.attributes
+                  for driver in {ref.driver for _, ref in refs}
+                  for d in node_devices(slices, node, driver).devices}
+    return PodAllocation(tuple(
+        AllocatedDevice(claim, ref, attributes.get((ref.driver, ref.pool, ref.device), {}))
+        for claim, ref in refs))
+
+
 def statfs_all(paths: list[str], procfs: Path, timeout: float) -> dict[str, str | None]:
     """Each path mounted in this container and answering a statfs within `timeout`
     (the agent's hang-safe child-process probe)."""
@@ -266,12 +320,16 @@ def run(args: argparse.Namespace) -> int:
                            nccl_environment(dict(os.environ)),
                            statfs_all(mounts, args.procfs, args.statfs_timeout),
                            args.resource, read_port_views(args.sysfs), interfaces, addresses,
-                           args.allow_partial_rails)
+                           args.allow_partial_rails,
+                           allocation_from_api(os.environ.get("POD_NAMESPACE", ""),
+                                               os.environ.get("POD_NAME", ""), verdict.node
+                                               or args.node) if args.claims else None,
+                           args.nic_driver, args.allow_unaligned)
     problems = judge_preflight(facts)
     if len(peers) > 1:
         from nodeagent.cli.gang import GangCard, run_gang
 
-        card = GangCard(args.index, verdict.node or os.uname().nodename, verdict.rails)
+        card = GangCard(args.index, verdict.node or os.uname().nodename, facts.rails())
         # The ring is probed in the class the job's NCCL will use.
         _, gang = run_gang(card, peers, args.gang_port, args.probe_port,
                            started + args.barrier_timeout, args.probe_timeout,

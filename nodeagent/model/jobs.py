@@ -4,7 +4,10 @@ of it."""
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nodeagent.model.kube import DeviceRef
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,29 @@ class NodeVerdict:
     message: str = ""
     rails: tuple[NodeRail, ...] = ()
     lustre: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """A device one of the pod's ResourceClaims was allocated, with its attributes from this
+    node's ResourceSlices (qualified names: `dra.net/ifName`,
+    `resource.kubernetes.io/pcieRoot`); none when the slices do not list it."""
+
+    claim: str  # namespace/name
+    device: DeviceRef
+    attributes: Mapping[str, str | int | bool] = field(default_factory=dict)
+
+    def get(self, name: str) -> str | int | bool | None:
+        """An attribute by name, qualified with the device's driver unless it has a domain."""
+        return self.attributes.get(name if "/" in name else f"{self.device.driver}/{name}")
+
+
+@dataclass(frozen=True)
+class PodAllocation:
+    """The devices the pod's claims hold, or why they could not be read."""
+
+    devices: tuple[AllocatedDevice, ...] = ()
     problem: str | None = None
 
 

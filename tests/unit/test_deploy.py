@@ -45,9 +45,10 @@ def test_the_command_writes_every_manifest(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(MANIFESTS)
     assert capsys.readouterr().out.split() == [str(tmp_path / name) for name in MANIFESTS]
     assert main(["deploy"]) == 0
-    # 17: the agent's policies and bindings (its Node, its Events and Lease, its device
-    # taint rules), the job gate's three (pods, the preflight, DRA claims)
-    assert len([d for d in yaml.safe_load_all(capsys.readouterr().out) if d]) == 17
+    # 18: the agent's policies and bindings (its Node, its Events and Lease, its device
+    # taint rules), the job gate's three (pods, the preflight, DRA claims), and the
+    # ClusterRole `preflight --claims` reads with
+    assert len([d for d in yaml.safe_load_all(capsys.readouterr().out) if d]) == 18
 
 
 @pytest.mark.parametrize("namespace", ["Nodeagent", "a_b", "x'y", ""])

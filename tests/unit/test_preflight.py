@@ -20,7 +20,16 @@ import pytest
 from nodeagent.checks.preflight import PreflightFacts, device_problems, judge_preflight
 from nodeagent.cli.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
 from nodeagent.cli.preflight import nccl_environment, peer_names, report, verdict_from_status
-from nodeagent.model.jobs import GidSlot, NodeRail, NodeVerdict, PortView, VerbsDevice
+from nodeagent.model.jobs import (
+    AllocatedDevice,
+    GidSlot,
+    NodeRail,
+    NodeVerdict,
+    PodAllocation,
+    PortView,
+    VerbsDevice,
+)
+from nodeagent.model.kube import DeviceRef
 from nodeagent.probes.container import read_verbs_devices
 from tests.kit.helpers import free_port, wait_for
 
@@ -445,3 +454,99 @@ def test_any_status_file_gives_preflight_a_verdict_or_a_problem_never_an_excepti
         assert got.problem is None or "\n" not in got.problem
 
     check()
+
+
+# ---------------------------------------------------------------- --claims (DRA)
+
+def nic_device(name: str, rdma_device: str, ifname: str, root: str, numa: int,
+               rdma: bool = True) -> AllocatedDevice:
+    """An allocated NIC with dranet's attributes (its published slices: ifName, rdma,
+    rdmaDevice, numaNode; the standard pcieRoot)."""
+    return AllocatedDevice("ml/train-0-nic", DeviceRef("dra.net", "gpu-05", name), {
+        "dra.net/ifName": ifname, "dra.net/rdma": rdma, "dra.net/rdmaDevice": rdma_device,
+        "dra.net/numaNode": numa, "resource.kubernetes.io/pcieRoot": root})
+
+
+def gpu_device(name: str, root: str | None = None, numa: int | None = None) -> AllocatedDevice:
+    attributes: dict[str, str | int | bool] = {"gpu.nvidia.com/productName": "H100"}
+    if root is not None:
+        attributes["resource.kubernetes.io/pcieRoot"] = root
+    if numa is not None:
+        attributes["resource.kubernetes.io/numaNode"] = numa
+    return AllocatedDevice("ml/train-0-gpu", DeviceRef("gpu.nvidia.com", "gpu-05", name),
+                           attributes)
+
+
+def claimed(*devices: AllocatedDevice, interfaces: tuple[str, ...] = ("eth0", "r1"),
+            env: dict[str, str] | None = None, **kw: bool) -> PreflightFacts:
+    """A pod that sees rail1's device alone (dranet's exclusive RDMA mode)."""
+    return PreflightFacts(READY, DEVICES[1:], env or {"NCCL_IB_GID_INDEX": "3"},
+                          ports=PORTS[1:], interfaces=interfaces,
+                          allocation=PodAllocation(devices), **kw)
+
+
+NIC1 = nic_device("pci-r1", "mlx5_1", "r1", "pci0000:1b", 1)
+
+
+def test_a_pod_holding_one_nic_is_judged_on_that_rail_alone_and_fits_beside_its_gpu() -> None:
+    """A DRA pod gets some NICs, not the node's every rail: rail0 not used is no problem."""
+    fit = claimed(NIC1, gpu_device("gpu-1", root="pci0000:1b"))
+    assert [r.name for r in fit.rails()] == ["rail1"]
+    assert judge_preflight(fit) == []
+
+
+def test_a_gpu_on_another_pcie_root_or_numa_node_than_its_nics_is_refused() -> None:
+    far = claimed(NIC1, gpu_device("gpu-0", root="pci0000:0a"))
+    assert [u.line() for u in judge_preflight(far)] == [
+        "alignment: GPU gpu-0 of claim ml/train-0-gpu is on PCIe root pci0000:0a, its NICs on "
+        "pci0000:1b: every transfer crosses the CPU interconnect (about half the all-reduce "
+        "bandwidth); constrain the claim with matchAttribute resource.kubernetes.io/pcieRoot,"
+        " or pass --allow-unaligned"]
+    assert judge_preflight(claimed(NIC1, gpu_device("gpu-0", root="pci0000:0a"),
+                                   allow_unaligned=True)) == []
+    # No PCIe root on the GPU: the NUMA node (standard on the GPU, dranet's on the NIC).
+    numa = judge_preflight(claimed(NIC1, gpu_device("gpu-0", numa=0)))
+    assert [u.check for u in numa] == ["alignment"] and "NUMA node 0" in numa[0].message
+    assert judge_preflight(claimed(NIC1, gpu_device("gpu-1", numa=1))) == []
+    assert judge_preflight(claimed(NIC1, gpu_device("gpu-0"))) == []  # unknown: not judged
+
+
+def test_an_allocated_nic_missing_from_the_container_or_without_rdma_is_refused() -> None:
+    gone = judge_preflight(claimed(NIC1, interfaces=("eth0",)))
+    assert [u.line() for u in gone] == [
+        "claims: NIC pci-r1 of claim ml/train-0-nic (r1) is not in this container: the "
+        "driver did not move it into the pod (is the driver running on this node?)"]
+    no_rdma = judge_preflight(claimed(nic_device("pci-r1", "mlx5_1", "r1", "x", 1,
+                                                 rdma=False)))
+    assert [u.check for u in no_rdma] == ["claims"]
+    assert "published without RDMA" in no_rdma[0].message
+    other = nic_device("pci-r2", "mlx5_2", "r1", "pci0000:1b", 1)  # mlx5_2: not in here
+    lines = [u.line() for u in judge_preflight(claimed(other))]
+    assert "claims: NIC pci-r2 of claim ml/train-0-nic's RDMA device mlx5_2 is not in this " \
+           "container" in lines[0], lines
+    unlisted = AllocatedDevice("ml/c", DeviceRef("dra.net", "gpu-05", "pci-x"))
+    assert [u.line() for u in judge_preflight(claimed(unlisted))] == [
+        "claims: NIC pci-x of claim ml/c is not in this node's ResourceSlices"]
+
+
+def test_nccl_not_opening_the_allocated_nic_or_no_nic_at_all_is_refused() -> None:
+    skipped = judge_preflight(PreflightFacts(
+        READY, DEVICES, {"NCCL_IB_HCA": "=mlx5_0", "NCCL_IB_GID_INDEX": "3"}, ports=PORTS,
+        interfaces=("r1",), allocation=PodAllocation((NIC1,))))
+    # A NIC the pod was not allocated, seen in it (shared mode) is no rail of its own.
+    shared = PreflightFacts(READY, DEVICES, {"NCCL_IB_GID_INDEX": "3"}, ports=PORTS,
+                            interfaces=("r1",), allocation=PodAllocation((NIC1,)))
+    assert [u.line() for u in judge_preflight(shared)] == [
+        "nccl: NCCL would also use mlx5_0:1, not a rail: its traffic leaves the fabric; set "
+        "NCCL_IB_HCA==mlx5_1"]
+    assert "claims: NCCL would not use NIC pci-r1 of claim ml/train-0-nic (mlx5_1: mlx5_1:1 " \
+           "is not in NCCL_IB_HCA==mlx5_0): set NCCL_IB_HCA to include it" in \
+           [u.line() for u in skipped], skipped
+    gpus_only = judge_preflight(claimed(gpu_device("gpu-0", root="pci0000:0a")))
+    assert gpus_only[0].line() == (
+        "claims: this pod's claims hold no NIC of dra.net (they hold: gpu.nvidia.com): its "
+        "traffic would leave the fabric; add a request for an RDMA NIC to the claim")
+    unread = PreflightFacts(READY, DEVICES, {}, ports=PORTS,
+                            allocation=PodAllocation(problem="403 Forbidden"))
+    assert "claims: cannot read this pod's ResourceClaims: 403 Forbidden" in \
+           [u.line() for u in judge_preflight(unread)]
