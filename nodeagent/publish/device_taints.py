@@ -106,12 +106,32 @@ _NOT_NAME = re.compile(r"[^a-z0-9.-]+")
 
 
 def rule_name(node: str, rail: str) -> str:
-    """nodeagent-<node>-<rail>, a valid object name: a rail name the API would not take
-    as is is made safe and suffixed with a short hash, so two rails never share a rule."""
+    """nodeagent-<node>-<rail>, a valid object name: a rail name the API would not take as
+    is (or too long to fit) is made safe and suffixed with a short hash, which a cut never
+    removes, so two rails never share a rule. (A node name over ~240 characters leaves no
+    room: the API refuses the rule, and the status file says so.)"""
+    head = f"nodeagent-{node}-"
     safe = _NOT_NAME.sub("-", rail.lower()).strip("-.") or "rail"
-    if safe != rail:
-        safe += "-" + hashlib.sha256(rail.encode()).hexdigest()[:6]
-    return f"nodeagent-{node}-{safe}"[:253].rstrip("-.")
+    if safe == rail and len(head) + len(safe) <= NAME_MAX:
+        return head + safe
+    tag = "-" + hashlib.sha256(rail.encode()).hexdigest()[:6]
+    cut = safe[:max(1, NAME_MAX - len(head) - len(tag))].rstrip("-.") or "rail"
+    return head + cut + tag
+
+
+NAME_MAX = 253  # an object name: a DNS subdomain
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    """One change a sync made to the rules: its line for the log and the Event, and
+    whether a rule came off (a Normal Event) or went on or changed (a Warning)."""
+
+    text: str
+    lifted: bool = False
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def rule_body(version: str, node: str, want: RailTaint, taint: DeviceTaints) -> dict[str, Any]:
@@ -184,7 +204,7 @@ class DeviceTaintWriter:
             f"the API server serves no DeviceTaintRule ({GROUP} {', '.join(VERSIONS)}): "
             "Kubernetes 1.33+ with the DRADeviceTaints feature gate and the API version on")
 
-    def sync(self, wanted: Sequence[RailTaint]) -> list[str]:
+    def sync(self, wanted: Sequence[RailTaint]) -> list[RuleChange]:
         """Make this node's rules `wanted`; what changed, one line each."""
         from kubernetes.client.exceptions import ApiException
 
@@ -201,7 +221,7 @@ class DeviceTaintWriter:
             if name.startswith(prefix) and obj(meta.get("labels")).get(NODE_LABEL) == \
                     label_value(self.node):
                 have[name] = obj(item)
-        changes = []
+        changes: list[RuleChange] = []
         want_names = set()
         for want in wanted:
             body = rule_body(self.version or "", self.node, want, self.taint)
@@ -209,20 +229,21 @@ class DeviceTaintWriter:
             want_names.add(name)
             if name not in have:
                 call(self.api, self.counters, "POST", path, body)
-                changes.append(f"device taint on {want.rail} ({want.device}): {want.reason}")
+                changes.append(RuleChange(
+                    f"device taint on {want.rail} ({want.device}): {want.reason}"))
             elif not _same(have[name], body):
                 body["metadata"]["resourceVersion"] = text(
                     obj(have[name].get("metadata")).get("resourceVersion"))
                 call(self.api, self.counters, "PUT", self._path(name), body)
-                changes.append(f"device taint on {want.rail} ({want.device}) now: "
-                               f"{want.reason}")
+                changes.append(RuleChange(f"device taint on {want.rail} ({want.device}) "
+                                          f"now: {want.reason}"))
         for name in sorted(set(have) - want_names):
             try:
                 call(self.api, self.counters, "DELETE", self._path(name))
             except ApiException as exc:
                 if exc.status != 404:  # gone already: what was wanted
                     raise
-            changes.append(f"device taint {name} lifted")
+            changes.append(RuleChange(f"device taint {name} lifted", lifted=True))
         self.written = tuple(wanted)
         return changes
 
@@ -244,7 +265,7 @@ class RailTaints:
         return self.writer is None or self.gate.wanted() != self.writer.written \
             or now >= reconcile_at
 
-    def sync(self, api: Any, counters: Any, node: str) -> list[str]:
+    def sync(self, api: Any, counters: Any, node: str) -> list[RuleChange]:
         if self.writer is None:
             self.writer = DeviceTaintWriter(api, counters, node, self.taint)
         wanted = self.gate.wanted()

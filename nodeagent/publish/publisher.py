@@ -301,7 +301,7 @@ class Publisher(threading.Thread):
         self._due.rules = now + self.cfg.reconcile_interval
         for change in changes:
             log.info("node %s: %s", writer.node, change)
-            writer.event(None, "DeviceTaint", change, "lifted" not in change)
+            writer.event(None, "DeviceTaint", change.text, not change.lifted)
 
     def _lease_meta(self) -> tuple[dict[str, str], dict[str, str]]:
         """The Lease's labels and annotations for the newest report: the peer card, the

@@ -23,7 +23,7 @@ from nodeagent.publish.kube import NodeWriter
 from nodeagent.publish.publisher import Publisher
 from tests.kit.apiserver import ApiServer
 from tests.kit.helpers import wait_for
-from tests.kube.test_publisher import kcfg, our_taint
+from tests.kube.test_publisher import events, kcfg, our_taint
 
 PATH = "/apis/resource.k8s.io/v1alpha3/devicetaintrules"
 
@@ -98,6 +98,13 @@ def test_one_rail_gated_by_its_device_and_lifted_after_clear_after(
         return not rules(apiserver) and our_taint(core, "node-a") is None
     wait_for(lifted, timeout=10)
     assert pub.status().device_taints == () and pub.status().device_taints_error is None
+    # Each change an Event: a rule on is a Warning, a rule off Normal (typed, not read from
+    # the line: a rail named "lifted" once made its rule's Event Normal).
+    said = {(e.reason, e.type, e.message) for e in events(core, "node-a")
+            if e.reason == "DeviceTaint"}
+    assert ("DeviceTaint", "Warning", "device taint on rail1 (dra.net/node-a/pci-rail1): "
+            "NoCarrier") in said, said
+    assert ("DeviceTaint", "Normal", "device taint nodeagent-node-a-rail1 lifted") in said
 
 
 def test_a_node_wide_fault_taints_the_node(apiserver: ApiServer, clean: None,

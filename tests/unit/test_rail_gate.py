@@ -120,6 +120,17 @@ def test_rule_names_are_object_names_and_distinct_per_rail() -> None:
     assert all(c.islower() or c.isdigit() or c in ".-" for c in upper)
 
 
+def test_a_rule_name_cut_to_fit_keeps_its_hash_so_long_rails_stay_apart() -> None:
+    """Cut at 253 characters after the hash was added, two long rail names sharing their
+    first 230 characters named one rule: the second rail's taint overwrote the first's."""
+    node = "gpu-07." + "x" * 60
+    first, second = "r" * 230 + "-a", "r" * 230 + "-b"
+    a, b = rule_name(node, first), rule_name(node, second)
+    assert a != b and len(a) == len(b) == 253, (len(a), len(b))
+    assert a.startswith(f"nodeagent-{node}-rrr") and a[-7] == "-"  # the hash's 6 digits
+    assert rule_name(node, "rail1") == f"nodeagent-{node}-rail1"  # fits: as it was
+
+
 def test_the_rule_selects_one_device_and_carries_the_reason() -> None:
     want = RailTaint("rail1", DeviceRef("dra.net", "node-a", "pci-0000-11-00-0"),
                      "AllPeersUnreachable")
