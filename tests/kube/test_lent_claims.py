@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from test_publisher import our_taint
+from test_publisher import BOOT, our_taint
 
 from nodeagent.cli.fleet import FleetSource, fleet_rows
 from nodeagent.kube.peercard import ASIDE
@@ -84,7 +84,7 @@ def test_a_lent_rail_names_its_pod_and_claim_and_fails_if_not_back_after_the_pod
     rails_ns: Netns, agent_config: dict[str, Any], pod_ns: Netns, holder: dict[str, Any],
     tmp_path: Path,
 ) -> None:
-    node = fresh_node(NODE, [])
+    node = fresh_node(NODE, [BOOT])  # tainted from the start: untainted means the agent lifted it
     agent_config["node_name"] = node
     agent_config["resync_interval"] = "1h"
     agent_config["kubernetes"] = {
