@@ -56,8 +56,45 @@ def judge_preflight(facts: PreflightFacts) -> list[Unfit]:
             *verdict_problems(facts.verdict),
             *storage_problems(facts.lustre),
             *(claim_problems(facts) if facts.allocation is not None else []),
+            *class_problems(facts.plan(), rails),
             *nccl_problems(facts.plan(), rails, facts.ports, facts.addresses,
                            allow_partial=facts.allow_partial)]
+
+
+def _classed(plan: NcclPlan, rails: Sequence[NodeRail]) -> list[NodeRail]:
+    """The rails NCCL would use whose peers the node's agent probes (peers section)."""
+    used = {(c.device, c.port) for c in plan.ports}
+    return [r for r in rails if r.classes and (r.device, r.port or 1) in used] \
+        if plan.network == "IB" else []
+
+
+def class_problems(plan: NcclPlan, rails: Sequence[NodeRail]) -> list[Unfit]:
+    """The job's traffic class (NCCL_IB_TC), where the node's agent probes it: a rail whose
+    peers fail over RoCE in that class (while TCP reaches them) would carry the job's
+    traffic into the same drop, whatever class 0 says."""
+    tc, out = plan.env.tc, []
+    for rail in _classed(plan, rails):
+        failing, total = rail.classes.get(tc, (0, 0))
+        if failing:
+            word = plan.env.traffic.words
+            out.append(Unfit("peers", f"{rail.name}: {failing} of {total} peers fail over RoCE "
+                             f"in {word}, this job's (NCCL_IB_TC={tc}), while TCP reaches them:"
+                             " the path drops the job's class; see the node's "
+                             "RDMAPeersReachable, or run where it passes"))
+    return out
+
+
+def class_notes(facts: PreflightFacts) -> list[str]:
+    """For a fit pod: the rails whose peers the agent does not probe in the job's class
+    (its path in that class unproven; the agent's peers.classes can add it)."""
+    plan = facts.plan()
+    tc = plan.env.tc
+    unproven = [r.name for r in _classed(plan, facts.rails()) if tc not in r.classes]
+    if not unproven:
+        return []
+    probed = sorted({c for r in facts.rails() for c in r.classes})
+    return [f"class {tc} not probed on {', '.join(unproven)} (the agent probes "
+            f"{', '.join(map(str, probed))}: add {tc} to peers.classes)"]
 
 
 # dranet's attribute names (pkg/driver; its published slices), and the standard ones

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nodeagent.checks.preflight import PreflightFacts, judge_preflight
+from nodeagent.checks.preflight import PreflightFacts, class_notes, judge_preflight
 from nodeagent.config import parse_duration
 from nodeagent.io.files import NotARegularFile, printable, write_regular
 from nodeagent.kube.nodeview import read_node
@@ -154,8 +154,8 @@ def verdict_from_status(runtime_dir: Path) -> NodeVerdict:
     doc = view.doc
     # Stale as `nodeagent status` judges it, by the interval the file says.
     view = replace(view, stale=view.age > stale_after(doc.resync_interval))
-    rails = tuple(NodeRail(r.name, r.address, r.rdma_device, r.rdma_port, r.gid_index_pinned)
-                  for r in doc.rails)
+    rails = tuple(NodeRail(r.name, r.address, r.rdma_device, r.rdma_port, r.gid_index_pinned,
+                           r.classes) for r in doc.rails)
     fabric = doc.condition(FABRIC_READY)
     if view.problem is not None:
         return NodeVerdict(doc.node, rails=rails, lustre=doc.lustre,
@@ -335,5 +335,6 @@ def run(args: argparse.Namespace) -> int:
                            started + args.barrier_timeout, args.probe_timeout,
                            bind=args.gang_bind, klass=facts.plan().env.traffic)
         problems += gang
-    report(problems, args.termination_log, facts.plan().summary())
+    report(problems, args.termination_log, "; ".join([facts.plan().summary(),
+                                                      *class_notes(facts)]))
     return EXIT_UNFIT if problems else EXIT_FIT

@@ -60,6 +60,8 @@ class NodeRail:
     device: str | None = None
     port: int | None = None
     gid_index: int | None = None  # the pinned index of its IPv4 RoCE v2 GID
+    # With the agent's peer probes: traffic class -> (peers failing over RoCE in it, peers)
+    classes: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

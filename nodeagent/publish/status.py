@@ -16,7 +16,8 @@ import os
 import socket
 import stat
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,8 @@ class RailLine:
     rdma_port: int | None = None
     gid_index_pinned: int | None = None
     nccl_default_gid_index: int | None = None
+    # With peers: traffic class -> (peers failing over RoCE in it, peers probed in it)
+    classes: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
 
 MAX_LINES = 64  # rails, mounts, actions and errors read from one file, at most
@@ -324,7 +327,26 @@ def _problems(condition: dict[str, Any]) -> tuple[str, ...]:
 def _rail(r: dict[str, Any]) -> RailLine:
     return RailLine(_text(r.get("name")), _text(r.get("address")) or None,
                     _text(r.get("rdma_device")) or None, _int(r.get("rdma_port")),
-                    _int(r.get("gid_index_pinned")), _int(r.get("nccl_default_gid_index")))
+                    _int(r.get("gid_index_pinned")), _int(r.get("nccl_default_gid_index")),
+                    _classes(r.get("peers")))
+
+
+# The outcomes that say the fabric dropped RoCE while TCP reached the peer (PeerOutcome's
+# ROCE_FAILED, MTU_FAILED): a dead peer fails in every class alike and says nothing of one.
+_FABRIC_FAILED = ("RoCE failed", "MTU failed")
+
+
+def _classes(peers: Any) -> dict[int, tuple[int, int]]:
+    """Each traffic class the rail's peers were probed in: how many fail there over RoCE."""
+    out: dict[int, tuple[int, int]] = {}
+    for p in _items(peers):
+        tc = _int(p.get("traffic_class")) if isinstance(p, dict) else None
+        if tc is None or not 0 <= tc <= 255:
+            continue
+        failing, total = out.get(tc, (0, 0))
+        bad = p.get("failing") is True and p.get("outcome") in _FABRIC_FAILED
+        out[tc] = (failing + bad, total + 1)
+    return out
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.checks.preflight import PreflightFacts, device_problems, judge_preflight
+from nodeagent.checks.preflight import (
+    PreflightFacts,
+    class_notes,
+    device_problems,
+    judge_preflight,
+)
 from nodeagent.cli.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
 from nodeagent.cli.preflight import nccl_environment, peer_names, report, verdict_from_status
 from nodeagent.model.jobs import (
@@ -550,3 +555,59 @@ def test_nccl_not_opening_the_allocated_nic_or_no_nic_at_all_is_refused() -> Non
                             allocation=PodAllocation(problem="403 Forbidden"))
     assert "claims: cannot read this pod's ResourceClaims: 403 Forbidden" in \
            [u.line() for u in judge_preflight(unread)]
+
+
+# ---------------------------------------------------------------- the job's traffic class
+
+def classed_rails(classes: dict[int, tuple[int, int]]) -> tuple[NodeRail, ...]:
+    return tuple(NodeRail(r.name, r.address, r.device, r.port, r.gid_index, classes)
+                 for r in RAILS)
+
+
+def test_the_jobs_class_failing_on_the_nodes_peers_is_refused_whatever_class_0_says() -> None:
+    """The node's agent probes peers in 0 and 104; the job runs in NCCL_IB_TC=104, where the
+    path drops RoCE to 3 of 4 peers (class 0 clean): the job would crawl, so it is refused.
+    The same job in class 0 fits."""
+    verdict = NodeVerdict("gpu-05", True, "AllConditionsPassed", "ok",
+                          classed_rails({0: (0, 4), 104: (3, 4)}))
+    env = {"NCCL_IB_GID_INDEX": "3", "NCCL_IB_TC": "104"}
+    lines = [u.line() for u in judge_preflight(PreflightFacts(verdict, DEVICES, env,
+                                                              ports=PORTS))]
+    assert lines == [
+        f"peers: {r}: 3 of 4 peers fail over RoCE in class 104 (DSCP 26), this job's "
+        "(NCCL_IB_TC=104), while TCP reaches them: the path drops the job's class; see the "
+        "node's RDMAPeersReachable, or run where it passes" for r in ("rail0", "rail1")]
+    env["NCCL_IB_TC"] = "0"
+    assert judge_preflight(PreflightFacts(verdict, DEVICES, env, ports=PORTS)) == []
+
+
+def test_a_class_the_agent_does_not_probe_is_named_in_the_fit_line_not_refused() -> None:
+    verdict = NodeVerdict("gpu-05", True, "AllConditionsPassed", "ok",
+                          classed_rails({0: (0, 4)}))
+    fit = PreflightFacts(verdict, DEVICES, {"NCCL_IB_GID_INDEX": "3", "NCCL_IB_TC": "106"},
+                         ports=PORTS)
+    assert judge_preflight(fit) == []
+    assert class_notes(fit) == ["class 106 not probed on rail0, rail1 (the agent probes 0: "
+                                "add 106 to peers.classes)"]
+    assert class_notes(facts(env={"NCCL_IB_GID_INDEX": "3"})) == []  # no peer probes known
+
+
+def test_the_status_files_peers_give_each_rails_classes(tmp_path: Path) -> None:
+    """The classes as the status file writes them (rails[].peers[], PeerStats.as_dict): a
+    peer failing over RoCE counts, a peer with no responder (a dead node) does not."""
+    def peer(tc: int, outcome: str, failing: bool) -> dict[str, object]:
+        return {"address": "10.10.0.7", "outcome": outcome, "failing": failing,
+                "traffic_class": tc}
+
+    doc = {"node": "gpu-05", "ok": True, "actions": [], "errors": [],
+           "conditions": [{"type": "FabricReady", "status": "True",
+                           "reason": "AllConditionsPassed", "message": "ok"}],
+           "daemon": {"updated_at": time.time(), "resync_interval": 30},
+           "rails": [{"name": "rail0", "address": "10.10.0.5", "rdma_device": "mlx5_0",
+                      "rdma_port": 1, "gid_index_pinned": 3, "peers": [
+                          peer(0, "ok", False), peer(104, "RoCE failed", True),
+                          peer(104, "no responder", True), peer(104, "MTU failed", False),
+                          peer(999, "ok", False), "junk", peer(True, "ok", False)]}]}
+    (tmp_path / "status.json").write_text(json.dumps(doc))
+    got = verdict_from_status(tmp_path)
+    assert got.rails[0].classes == {0: (0, 1), 104: (1, 3)}
