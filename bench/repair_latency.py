@@ -205,10 +205,16 @@ def main() -> None:
                     help="the agent's and the load's CPU cgroup weights (as CPUWeight=)")
     ap.add_argument("--gap", type=float, default=0.01,
                     help="seconds between one repair and the next deletion")
+    ap.add_argument("--kinds", default="address,rule,default route",
+                    help="what is deleted, comma-separated (one kind alone: its CPU per "
+                    "deletion on its own)")
     ap.add_argument("--first", type=int, default=0, metavar="N",
                     help="instead: N starts, each timing the first repair right after the "
                     "first healthy status, then one 3 s later")
     args = ap.parse_args()
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not kinds or set(kinds) - {"address", "rule", "default route"}:
+        ap.error(f"--kinds: of address, rule, default route, not {args.kinds!r}")
     reexec_in_netns()
     tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
     data = make_rails(args.rails, tmp, slots=16 if args.rails > 8 else 255)
@@ -225,7 +231,7 @@ def main() -> None:
         daemon = start_daemon(tmp, data, args.nice, system)
         try:
             before, passes = cpu_seconds(daemon.pid), passes_of(tmp)
-            agent = drive(rail, args.count, gap=args.gap)
+            agent = drive(rail, args.count, kinds, gap=args.gap)
             time.sleep(0.3)  # the pass that verifies the last burst
             agent_cpu = cpu_seconds(daemon.pid) - before
             passes = passes_of(tmp) - passes
@@ -239,7 +245,7 @@ def main() -> None:
         try:
             assert bare.stdout is not None and bare.stdout.readline().strip() == "ready"
             before = cpu_seconds(bare.pid)
-            reference = drive(rail, args.count, gap=args.gap)
+            reference = drive(rail, args.count, kinds, gap=args.gap)
             bare_cpu = cpu_seconds(bare.pid) - before
         finally:
             bare.kill()
@@ -250,7 +256,7 @@ def main() -> None:
             spinner.wait()
         if groups is not None:
             groups.remove()
-    deletions = 3 * args.count
+    deletions = len(kinds) * args.count
     print(f"load: {args.busy} busy process(es) per core; niceness {args.nice}; "
           f"{groups.text if groups else 'one CPU cgroup'}")
     print(f"CPU per deletion: agent {agent_cpu / deletions * 1000:.2f} ms, bare loop "

@@ -400,7 +400,7 @@ class Agent:
             self._take(*got, plan, early)
             got = self.work.next(0.0)
             if got is None and plan.rails and not plan.full and not self._stopping:
-                got = self.work.next(max(0.0, min(SETTLE, last - time.monotonic())))
+                got = self.work.next_in_batch(max(0.0, min(SETTLE, last - time.monotonic())))
 
     def _timer_plan(self, next_resync: float) -> Plan:
         """Woken by time alone: the resync, the ports' turn, or a flap dwell or repair

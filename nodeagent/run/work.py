@@ -12,6 +12,7 @@ only judges, repairs and publishes.
 from __future__ import annotations
 
 import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -93,6 +94,13 @@ class Reloaded:
     error: BaseException | None = None
 
 
+def _batchable(item: Work) -> bool:
+    """A netlink event the loop only counts and verifies: one the fast lane repaired, or
+    one that deleted nothing. Everything else wakes the loop at once."""
+    return isinstance(item, NetlinkEvent) and (item.repaired is not None
+                                                or item.event.deletion is None)
+
+
 # A source's observation is any Delivered kind (checks/facts.py): the store keeps the
 # latest of each, so a new source adds nothing here.
 Work = (NetlinkEvent | EventsLost | GidSlotsMoved | Delivered | NodeChanged | StopAsked
@@ -108,9 +116,12 @@ class Inbox:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Work] = queue.SimpleQueue()
         self._taken: deque[tuple[Work, bool]] = deque()
+        self._urgent = threading.Event()  # set by what must not wait for a burst's batch
 
     def put(self, item: Work) -> None:
         self._queue.put(item)
+        if not _batchable(item):
+            self._urgent.set()
 
     def empty(self) -> bool:
         return self._queue.empty()
@@ -124,6 +135,18 @@ class Inbox:
 
     def put_back(self, item: Work, repaired: bool) -> None:
         self._taken.append((item, repaired))
+
+    def next_in_batch(self, wait: float) -> tuple[Work, bool] | None:
+        """Within a burst: the next work after up to `wait` (what arrives meanwhile is
+        taken in one batch, not one wake-up each), or at once when something urgent came:
+        a deletion the fast lane did not repair, a stop, a reload, a source's facts."""
+        if self._taken:
+            return self._taken.popleft()
+        if self._queue.empty():
+            self._urgent.clear()  # a wake for what was taken already is no news
+            if self._queue.empty():  # (put queues, then sets: nothing is missed between)
+                self._urgent.wait(wait)
+        return self.next(0.0)
 
     def next(self, timeout: float) -> tuple[Work, bool] | None:
         """The next work (waiting at most `timeout`), with whether its repair ran already."""
