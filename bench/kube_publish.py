@@ -262,8 +262,22 @@ def cmd_fleet(args: argparse.Namespace) -> None:
         began: dict[str, float] = {}  # when a worker took the agent's sync up
 
         def sync(n: str) -> None:
-            began[n] = time.monotonic()
+            began.setdefault(n, time.monotonic())
             pubs[n].sync_once()
+
+        def heard(n: str, p: Publisher) -> None:
+            """A heartbeat's sync that starts after the fault's submit writes it too: the
+            first sync to start after the submit is when the agent took it up."""
+            plain = p.sync_once
+
+            def sync_once() -> None:
+                if n in starts:
+                    began.setdefault(n, time.monotonic())
+                plain()
+            p.sync_once = sync_once  # type: ignore[method-assign]
+
+        for n, p in pubs.items():
+            heard(n, p)
 
         futures = []
         for n in faulty:
@@ -274,8 +288,12 @@ def cmd_fleet(args: argparse.Namespace) -> None:
         latencies = [1000 * (seen[n] - starts[n]) for n in faulty]
         # What a fleet of hosts never pays: the wait for one of this process's workers
         # (each real agent syncs on its own host at once).
-        queued = [1000 * (began[n] - starts[n]) for n in faulty]
-        own = [1000 * (seen[n] - began[n]) for n in faulty]
+        # A sync already under way at the submit may write the fault before any sync
+        # starts after it: then nothing was queued, and the whole wait is the agent's.
+        took = {n: began[n] if began.get(n, seen[n]) < seen[n] else starts[n]
+                for n in faulty}
+        queued = [1000 * (took[n] - starts[n]) for n in faulty]
+        own = [1000 * (seen[n] - took[n]) for n in faulty]
         time.sleep(max(0.0, args.seconds - (time.monotonic() - t1)))
         stop.set()
         beat.join()
