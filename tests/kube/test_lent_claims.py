@@ -21,22 +21,13 @@ from test_publisher import BOOT, our_taint
 from nodeagent.cli.fleet import FleetSource, fleet_rows
 from nodeagent.kube.peercard import ASIDE
 from tests.kit.apiserver import ApiServer
-from tests.kit.helpers import LoopbackBridge, Netns, new_netns, stop_daemon, wait_for, write_config
+from tests.kit.helpers import LoopbackBridge, Netns, stop_daemon, wait_for, write_config
 from tests.kube.test_dra_slices import nic, resource_slice
 from tests.kube.test_job_policy import namespace
 from tests.netns.test_daemon import cond
-from tests.netns.test_lent_rail import rail_row
+from tests.netns.test_lent_rail import pod_ns, rail_row  # noqa: F401 (pod_ns: a fixture)
 
 NODE, NS = "node-c", "lent"  # node-c: an identity the test API server has
-
-
-@pytest.fixture
-def pod_ns() -> Iterator[Netns]:
-    pod = new_netns()
-    try:
-        yield pod
-    finally:
-        pod.delete()
 
 
 @pytest.fixture
@@ -81,8 +72,8 @@ def holder(apiserver: ApiServer, core: k8s.CoreV1Api) -> Iterator[dict[str, Any]
 
 def test_a_lent_rail_names_its_pod_and_claim_and_fails_if_not_back_after_the_pod(
     apiserver: ApiServer, core: k8s.CoreV1Api, fresh_node: Callable[..., str],
-    rails_ns: Netns, agent_config: dict[str, Any], pod_ns: Netns, holder: dict[str, Any],
-    tmp_path: Path,
+    rails_ns: Netns, agent_config: dict[str, Any], pod_ns: Netns,  # noqa: F811
+    holder: dict[str, Any], tmp_path: Path,
 ) -> None:
     node = fresh_node(NODE, [BOOT])  # tainted from the start: untainted means the agent lifted it
     agent_config["node_name"] = node
