@@ -27,6 +27,7 @@ from nodeagent.io.files import (
     read_text_bounded,
     write_json_atomic,
 )
+from nodeagent.model.kube import DeviceRef, Lending
 from nodeagent.model.rdma import Pin
 
 log = logging.getLogger(__name__)
@@ -122,24 +123,59 @@ def boot_id(procfs_root: Path) -> str:
         return ""
 
 
-def load_lent(cfg: Config) -> dict[str, float]:
-    """The rails lent to another network namespace when the last daemon stopped (rail ->
-    wall time since), this boot only; anything unreadable or from another boot: none."""
+@dataclass(frozen=True)
+class LentRecord:
+    """What lent.json keeps: each lent rail's wall time since, and where the claims named
+    one, its holder and when that holder's pod was seen gone (so a restart in between
+    still fails a netdev that never comes back)."""
+
+    rails: dict[str, float] = field(default_factory=dict)
+    holders: dict[str, Lending] = field(default_factory=dict)
+    ended: dict[str, float] = field(default_factory=dict)
+
+
+def _times(value: Any, rails: set[str]) -> dict[str, float]:
+    return {name: float(t) for name, t in (value if isinstance(value, dict) else {}).items()
+            if name in rails and isinstance(t, int | float) and not isinstance(t, bool)
+            and 0 < t <= time.time()}
+
+
+def _holder(value: Any) -> Lending | None:
+    got = value if isinstance(value, dict) else {}
+    words = [got.get(k) for k in ("driver", "pool", "device", "pod", "claim")]
+    if not all(isinstance(w, str) and 0 < len(w) <= 512 for w in words):
+        return None
+    driver, pool, device, pod, claim = (str(w) for w in words)
+    return Lending(DeviceRef(driver, pool, device), pod, claim)
+
+
+def load_lent_record(cfg: Config) -> LentRecord:
+    """The rails lent to another network namespace when the last daemon stopped, this
+    boot only; anything unreadable or from another boot: none."""
     try:
         doc = parse_json_state(read_text_bounded(cfg.state_dir / LENT_FILE, STATE_MAX))
     except (OSError, ValueError):
-        return {}
+        return LentRecord()
     if not isinstance(doc, dict) or doc.get("boot_id") != boot_id(cfg.paths.procfs) \
             or not doc.get("boot_id"):
-        return {}
-    rails = {r.name for r in cfg.rails}
-    lent = doc.get("rails")
-    return {name: float(since) for name, since in (lent if isinstance(lent, dict) else {})
-            .items() if name in rails and isinstance(since, int | float)
-            and not isinstance(since, bool) and 0 < since <= time.time()}
+        return LentRecord()
+    lent = _times(doc.get("rails"), {r.name for r in cfg.rails})
+    named = doc.get("holders")
+    holders = {rail: held for rail, value in (named if isinstance(named, dict) else {}).items()
+               if rail in lent and (held := _holder(value)) is not None}
+    return LentRecord(lent, holders, _times(doc.get("ended"), set(holders)))
 
 
-def save_lent(cfg: Config, lent: dict[str, float]) -> None:
+def load_lent(cfg: Config) -> dict[str, float]:
+    """The rails lent when the last daemon stopped (rail -> wall time since)."""
+    return load_lent_record(cfg).rails
+
+
+def save_lent(cfg: Config, lent: LentRecord) -> None:
     """Raises OSError (the caller logs it: the next change saves again)."""
+    holders = {rail: {"driver": h.device.driver, "pool": h.device.pool,
+                      "device": h.device.device, "pod": h.pod, "claim": h.claim}
+               for rail, h in lent.holders.items()}
     write_json_atomic(cfg.state_dir / LENT_FILE,
-                      {"boot_id": boot_id(cfg.paths.procfs), "rails": lent})
+                      {"boot_id": boot_id(cfg.paths.procfs), "rails": lent.rails,
+                       "holders": holders, "ended": lent.ended})

@@ -25,7 +25,7 @@ from nodeagent.model.network import RailObservation
 from nodeagent.model.rdma import GidTable, Pin, QueuePairs
 from nodeagent.run.own_rdma import OwnRDMA
 from nodeagent.run.rails import RailHistory
-from nodeagent.state import load_lent, load_pins, save_lent, save_pins
+from nodeagent.state import LentRecord, load_lent_record, load_pins, save_lent, save_pins
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ class LentRails(dict[str, float]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved: dict[str, float] = {}  # as last saved
+        # as last saved: the rails, their holders, their pods' ends
+        self.saved: tuple[dict[str, float], dict[str, Lending], dict[str, float]] = ({}, {}, {})
         self.holders: dict[str, Lending] = {}  # rail -> the pod and claim that hold it
         self.ended: dict[str, float] = {}  # rail -> when its holder's pod was seen gone
 
@@ -78,23 +79,37 @@ class LentRails(dict[str, float]):
                      if back else "its netdev was deleted")
 
     def load(self, cfg: Config, clock: Callable[[], float]) -> None:
-        """The rails lent when the last daemon stopped (this boot): lent until seen here."""
+        """The rails lent when the last daemon stopped (this boot): lent until seen here,
+        with their holders and their pods' ends as the last daemon knew them."""
         now_wall, now = time.time(), clock()
-        for rail, since in load_lent(cfg).items():
+        record = load_lent_record(cfg)
+        for rail, since in record.rails.items():
             self.setdefault(rail, now - (now_wall - since))
-        self.saved = dict(self)
+        for rail, held in record.holders.items():
+            self.holders.setdefault(rail, held)
+        for rail, since in record.ended.items():
+            self.ended.setdefault(rail, now - (now_wall - since))
+        self.saved = self._snapshot()
+
+    def _snapshot(self) -> tuple[dict[str, float], dict[str, Lending], dict[str, float]]:
+        return dict(self), dict(self.holders), dict(self.ended)
 
     def keep(self, cfg: Config, clock: Callable[[], float]) -> None:
         """Saved when they changed (a failed save is tried again at the next pass)."""
-        if self == self.saved:
+        now_state = self._snapshot()
+        if now_state == self.saved:
             return
         now_wall, now = time.time(), clock()
+
+        def wall(times: Mapping[str, float]) -> dict[str, float]:
+            return {r: now_wall - (now - t) for r, t in times.items()}
+
         try:
-            save_lent(cfg, {r: now_wall - (now - t) for r, t in self.items()})
+            save_lent(cfg, LentRecord(wall(self), dict(self.holders), wall(self.ended)))
         except OSError as exc:
             log.warning("cannot save the lent rails: %s", exc.strerror or exc)
             return
-        self.saved = dict(self)
+        self.saved = now_state
 
 
 @dataclass

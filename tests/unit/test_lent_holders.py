@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -178,3 +179,40 @@ def test_any_aside_annotation_reads_as_rails_or_nothing(doc: Any) -> None:
     lease = {"metadata": {"name": "nodeagent-gpu-01", "annotations": {ASIDE: json.dumps(doc)}}}
     got = read_aside(lease)
     assert all(isinstance(v, str) for v in (*got.lent.values(), *got.tainted.values()))
+
+
+def test_a_restart_keeps_the_holder_and_its_pods_end_so_the_bound_still_fires(
+        tmp_path: Path) -> None:
+    """The daemon restarted after the job ended with the netdev still away: the new one
+    read only the rails from lent.json, found no claim naming the device (the pod is gone)
+    and kept the rail lent forever. The holder and the end are kept with it now, this boot
+    only, and anything of the wrong shape is dropped."""
+    from nodeagent.config import parse_config
+    from nodeagent.state import LENT_FILE, load_lent_record
+
+    cfg = parse_config({"state_dir": str(tmp_path), "dra": {}, "kubernetes": {}, "rails": [
+        {"name": "rail0", "interface": "r0", "address": "10.10.0.5/24"},
+        {"name": "rail1", "interface": "r1", "address": "10.11.0.5/24"}]})
+    clock = [1000.0]
+    lent = LentRails()
+    lent["rail1"] = 900.0
+    lent.account({"rail1": NIC}, ClaimsObservation((Lending(NIC, "ml/train-0", "ml/nic"),),
+                                                   frozenset({"ml/train-0"})), 950.0)
+    lent.account({"rail1": NIC}, ClaimsObservation((), frozenset()), 990.0)  # pod gone
+    lent.keep(cfg, lambda: clock[0])
+    saved = json.loads((tmp_path / LENT_FILE).read_text())
+    assert saved["holders"]["rail1"]["pod"] == "ml/train-0" and "rail1" in saved["ended"]
+
+    again = LentRails()  # the next daemon, 200 s of monotonic time later
+    clock[0] = 1200.0
+    again.load(cfg, lambda: clock[0])
+    assert again.holders == {"rail1": Lending(NIC, "ml/train-0", "ml/nic")}
+    assert "rail1" in again.overdue(clock[0] + 200, 120.0)  # ended at ~990 s: long past
+    again.keep(cfg, lambda: clock[0])  # nothing changed: nothing written
+    assert json.loads((tmp_path / LENT_FILE).read_text()) == saved
+
+    saved["holders"]["rail1"]["pod"] = 7  # of the wrong shape: no holder, and so no end
+    saved["holders"]["rail0"] = saved["holders"]["rail1"]  # a rail not lent: dropped
+    (tmp_path / LENT_FILE).write_text(json.dumps(saved))
+    record = load_lent_record(cfg)
+    assert set(record.rails) == {"rail1"} and record.holders == {} and record.ended == {}
