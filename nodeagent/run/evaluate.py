@@ -456,13 +456,14 @@ class Evaluator:
         self.store.deliver(PortsSeen(ports, self.clock(), hw.error_window))
         self.timings["ports"] = time.perf_counter() - started
 
-    def facts(self) -> Facts:
+    def facts(self, overdue: Mapping[str, str] | None = None) -> Facts:
         """This pass's facts, frozen for the judgement (the rails' time-based verdicts and
-        figures as the history has them now: after this pass's repairs)."""
+        figures as the history has them now: after this pass's repairs). `overdue`: the
+        lent rails not back in time, as judge() found them for this pass."""
         store = self.store
         now = self.clock()
         timelines = store.history.timelines(now) if store.history is not None else {}
-        for rail, why in self._lent_overdue(now).items():  # outranks what else it shows
+        for rail, why in (overdue or {}).items():  # outranks what else it shows
             timelines[rail] = replace(timelines.get(rail, RailTimeline()),
                                       verdict=("LentRailNotReturned", f"{self.rails[rail].label}"
                                                f" lent to a pod: {why}"))
@@ -480,11 +481,15 @@ class Evaluator:
         observe_facts met."""
         repairs = repairs or Repairs()
         self._account_lent()
-        judged = self.facts()
-        cfg = self.judged_config()
+        # Read once: a rail crossing its bound between three reads was judged without its
+        # verdict (InterfaceMissing for a pass) or left out of both the judgement and the
+        # lent rows.
+        overdue = self._lent_overdue(self.clock())
+        judged = self.facts(overdue)
+        cfg = self.judged_config(overdue)
         report = judge_pass(cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
-        self._say_lent(report)
+        self._say_lent(report, overdue)
         self.gid_verdict = judged.derive(gid_verdict, cfg)  # the judge's, not again
         self.repins.settled(self.gid_verdict.shifts)
         return report
@@ -503,21 +508,20 @@ class Evaluator:
         dra = self.cfg.dra
         return self.store.lent.overdue(now, dra.return_within) if dra is not None else {}
 
-    def judged_config(self) -> Config:
+    def judged_config(self, overdue: Mapping[str, str]) -> Config:
         """The config a pass judges: without the rails lent to another network namespace
         (a pod's), which are not missing: no drift, no GID verdict, no probe, no repair.
-        One not back in time after its pod ended is judged (and fails)."""
-        excused = set(self.store.lent) - set(self._lent_overdue(self.clock()))
+        One not back in time after its pod ended (`overdue`) is judged (and fails)."""
+        excused = set(self.store.lent) - set(overdue)
         if not excused:
             return self.cfg
         return self.cfg.model_copy(update={"rails": [
             r for r in self.cfg.rails if r.name not in excused]})
 
-    def _say_lent(self, report: Report) -> None:
+    def _say_lent(self, report: Report, overdue: Mapping[str, str]) -> None:
         """Each lent rail in the status (its own row) and in RoCENetworkReady's message,
-        with its holder where the claims name it."""
+        with its holder where the claims name it (an overdue one is judged instead)."""
         now, store = self.clock(), self.store.lent
-        overdue = self._lent_overdue(now)
         lent = [(r, now - store[r.name], store.holders.get(r.name)) for r in self.cfg.rails
                 if r.name in store and r.name not in overdue]
         if not lent:
