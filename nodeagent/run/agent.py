@@ -164,6 +164,7 @@ class Agent:
         if lent is not None:
             self.store.lent.follow(lent, event.moved_away, event.link is not None,
                                    self.clock())
+            self.store.leaving.said(lent, deleted=event.link is None and not event.moved_away)
         gid_work = event.kind in (EventKind.ADDRESS, EventKind.LINK)
         if gid_work and hit:
             self.evaluator.mark_gid_stale()  # the kernel's GID work follows these
@@ -191,8 +192,9 @@ class Agent:
 
     def _rail_verdicts_due(self) -> float | None:
         """The next time a rail's verdict may change by time alone (a flap dwell, a paused
-        repair, a shifted GID to look at again)."""
-        times = [self.history.next_change()]
+        repair, a shifted GID to look at again, a vanished netdev with no word from the
+        kernel)."""
+        times = [self.history.next_change(), self.store.leaving.due(self.clock())]
         verdict = self.evaluator.gid_verdict if self.evaluator is not None else None
         if verdict is not None and verdict.shifts and self.cfg.gid_repin == "auto":
             times.append(self.clock() + self.cfg.gid_repin_poll)

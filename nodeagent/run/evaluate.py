@@ -186,13 +186,21 @@ class Evaluator:
         if not rails:
             return
         keys = {r.name: sorted(self.cfg.sysctls_for(r)) for r in rails}
+        store = self.store
+        had = {r.name for r in rails
+               if (seen := store.observations.get(r.name)) is not None and seen.link is not None}
         started = time.perf_counter()
-        self.store.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs,
-                                                     keys, self.reads))
+        store.observations.update(observe_rails(self.ipr, rails, self.cfg.paths.procfs,
+                                                keys, self.reads))
         self.timings["netlink"] = time.perf_counter() - started
-        for rail in rails:  # here again (its return's event may have been missed): not lent
-            if self.store.observations[rail.name].link is not None:
-                self.store.lent.pop(rail.name, None)
+        now = self.clock()
+        for rail in rails:
+            if store.observations[rail.name].link is not None:
+                # here again (its return's event may have been missed): not lent
+                store.lent.pop(rail.name, None)
+                store.leaving.said(rail.name, deleted=False)
+            elif rail.name in had and rail.name not in store.lent:
+                store.leaving.vanished(rail.name, now)
 
     def mark_gid_stale(self, everywhere: bool = False, moved: bool = False) -> None:
         """The GID table may have changed: read it again in the next pass (the rails'
@@ -484,9 +492,10 @@ class Evaluator:
         # Read once: a rail crossing its bound between three reads was judged without its
         # verdict (InterfaceMissing for a pass) or left out of both the judgement and the
         # lent rows.
-        overdue = self._lent_overdue(self.clock())
+        now = self.clock()
+        overdue = self._lent_overdue(now)
         judged = self.facts(overdue)
-        cfg = self.judged_config(overdue)
+        cfg = self.judged_config(overdue, self.store.leaving.waiting(now))
         report = judge_pass(cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
         self._say_lent(report, overdue)
@@ -508,11 +517,12 @@ class Evaluator:
         dra = self.cfg.dra
         return self.store.lent.overdue(now, dra.return_within) if dra is not None else {}
 
-    def judged_config(self, overdue: Mapping[str, str]) -> Config:
+    def judged_config(self, overdue: Mapping[str, str], leaving: Iterable[str]) -> Config:
         """The config a pass judges: without the rails lent to another network namespace
         (a pod's), which are not missing: no drift, no GID verdict, no probe, no repair.
-        One not back in time after its pod ended (`overdue`) is judged (and fails)."""
-        excused = set(self.store.lent) - set(overdue)
+        One not back in time after its pod ended (`overdue`) is judged (and fails).
+        `leaving`: rails whose netdev just vanished, where to not yet said (LeavingRails)."""
+        excused = (set(self.store.lent) - set(overdue)) | set(leaving)
         if not excused:
             return self.cfg
         return self.cfg.model_copy(update={"rails": [

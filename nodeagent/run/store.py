@@ -29,6 +29,47 @@ from nodeagent.state import LentRecord, load_lent_record, load_pins, save_lent, 
 
 log = logging.getLogger(__name__)
 
+# How long a netdev a probe found gone waits for the kernel to say where it went.
+LEAVING_FOR = 1.0
+
+
+class LeavingRails(dict[str, float]):
+    """rail -> when a probe found its netdev gone before the kernel said how it left.
+
+    A netdev moved to another namespace is unlisted first; its RTM_DELLINK, which names the
+    namespace it went to, follows after an RCU barrier (18 ms on an idle machine, more on a
+    busy one). A pass in between called a rail being lent to a pod missing, and the node
+    stayed tainted for `kubernetes.clear_after`. Such a rail is not judged until the kernel
+    says (moved: lent; deleted: missing) or LEAVING_FOR passes (a rename, a lost event:
+    missing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said_gone: set[str] = set()  # rails whose netdev the kernel said was deleted
+
+    def vanished(self, rail: str, now: float) -> None:
+        """A probe found the rail's netdev gone, having seen it before."""
+        if rail not in self.said_gone:
+            self.setdefault(rail, now)
+
+    def said(self, rail: str, deleted: bool) -> None:
+        """The kernel's word on the rail's netdev: deleted, or moved away or here (a link
+        event naming it)."""
+        self.pop(rail, None)
+        if deleted:
+            self.said_gone.add(rail)
+        else:
+            self.said_gone.discard(rail)
+
+    def waiting(self, now: float) -> set[str]:
+        """The rails not judged now: gone, no word yet, and not for long."""
+        return {rail for rail, since in self.items() if now - since < LEAVING_FOR}
+
+    def due(self, now: float) -> float | None:
+        """When the first of them is judged with no word (missing)."""
+        return min((since + LEAVING_FOR for since in self.values()
+                    if since + LEAVING_FOR > now), default=None)
+
 
 class LentRails(dict[str, float]):
     """rail -> when its netdev left for another network namespace (monotonic): lent to a
@@ -122,6 +163,7 @@ class FactStore:
     qps: QueuePairs | None = None  # looked at only while a GID is shifted
     own_rdma: OwnRDMA = field(default_factory=OwnRDMA)  # the probes' share, charged by them
     lent: LentRails = field(default_factory=LentRails)  # rails lent to a pod, and since when
+    leaving: LeavingRails = field(default_factory=LeavingRails)  # gone, where to not yet said
     # What the sources delivered: the latest of each kind (checks/facts.py, Delivered).
     seen: dict[type[Delivered], Delivered] = field(default_factory=dict)
     # The daemon's rail history (flaps, the repair guard, repair counts); None for a
@@ -136,7 +178,7 @@ class FactStore:
         now, before = list(rails), list(before)
         same = {r.name for r in before if r in now}
         changed = {r.name for r in (*before, *now)} - same
-        for facts in (self.observations, self.rail_seen, self.lent):
+        for facts in (self.observations, self.rail_seen, self.lent, self.leaving):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
         self.seen = {kind: item.without_rails(changed) for kind, item in self.seen.items()}
