@@ -17,6 +17,7 @@ Usage: .venv/bin/python bench/kube_publish.py latency|foreign|steady|fleet|outag
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import tempfile
 import threading
@@ -30,6 +31,7 @@ from kubernetes import watch as k8s_watch
 
 from nodeagent.checks.conditions import CONDITION_TYPES
 from nodeagent.config import Kubernetes
+from nodeagent.io.files import describe_error
 from nodeagent.model.conditions import FABRIC_READY, Finding
 from nodeagent.model.status import Report, Status
 from nodeagent.publish.kube import NodeWriter
@@ -213,6 +215,21 @@ def cmd_steady(args: argparse.Namespace) -> None:
         server.stop()
 
 
+def one_at_a_time(p: Publisher, failures: collections.Counter[str]) -> None:
+    """An agent syncs from its one publisher thread: never two rounds at once (the pool
+    could start a heartbeat's beside a fault's), and a failed round is counted by why,
+    as the publisher's loop would log it, instead of ending the pool's map."""
+    plain, lock = p.sync_once, threading.Lock()
+
+    def sync_once() -> None:
+        with lock:
+            try:
+                plain()
+            except Exception as exc:
+                failures[describe_error(exc)[:160]] += 1
+    p.sync_once = sync_once  # type: ignore[method-assign]
+
+
 def cmd_fleet(args: argparse.Namespace) -> None:
     """N agents in one process: each its own identity, client and publisher state, driven
     by a pool of worker threads instead of N threads (what a real fleet spreads over N
@@ -231,10 +248,14 @@ def cmd_fleet(args: argparse.Namespace) -> None:
         pubs = {n: Publisher(conf, lambda n=n: NodeWriter(server.client(f"agent-{n}"), n, conf))
                 for n in nodes}
         pool = ThreadPoolExecutor(max_workers=args.workers)
+        failures: collections.Counter[str] = collections.Counter()
+        for p in pubs.values():
+            one_at_a_time(p, failures)
         t0 = time.monotonic()
         for n, p in pubs.items():
             p.submit(report(n, None))
         list(pool.map(lambda p: p.sync_once(), pubs.values()))
+        failures.clear()  # the first sync's Lease reads: a 404 before each Lease is made
         print(f"first sync of {args.nodes} agents (conditions, Events, taint lift, Lease): "
               f"{time.monotonic() - t0:.0f}s")
 
@@ -253,10 +274,11 @@ def cmd_fleet(args: argparse.Namespace) -> None:
         beat = threading.Thread(target=heartbeats, daemon=True)
         beat.start()
 
-        def errors() -> int:  # non-2xx answers and failed rounds
-            return sum(p.writer.counters.errors for p in pubs.values() if p.writer)
+        def errors() -> tuple[int, int]:  # non-2xx answers and failed rounds; 409s
+            return (sum(p.writer.counters.errors for p in pubs.values() if p.writer),
+                    sum(p.writer.counters.conflicts for p in pubs.values() if p.writer))
 
-        r0, e0, t1 = total(), errors(), time.monotonic()
+        r0, (e0, c0), t1 = total(), errors(), time.monotonic()
         faulty = nodes[::10]
         starts: dict[str, float] = {}
         began: dict[str, float] = {}  # when a worker took the agent's sync up
@@ -304,10 +326,13 @@ def cmd_fleet(args: argparse.Namespace) -> None:
         print(summary("fault -> taint visible", latencies))
         print(summary("  of which queued", queued))
         print(summary("  from sync start", own))
+        e1, c1 = errors()
         print(f"API request rate over {elapsed:.0f}s (faults + Lease renewals): {rate:.1f}/s; "
               # The first sync's are left out: each agent's first Lease read is a 404
               # before it creates its Lease, counted as an error by the client.
-              f"requests answered with an error or failed rounds since: {errors() - e0}")
+              f"requests answered with an error since: {e1 - e0} (409 conflicts {c1 - c0})")
+        for why, n in failures.most_common(5):
+            print(f"  failed syncs: {n} x {why}")
     finally:
         server.stop()
 
