@@ -164,7 +164,8 @@ class Agent:
         if lent is not None:
             self.store.lent.follow(lent, event.moved_away, event.link is not None,
                                    self.clock())
-            self.store.leaving.said(lent, deleted=event.link is None and not event.moved_away)
+            if event.link is None:
+                self.store.leaving.said(lent, deleted=not event.moved_away)
         gid_work = event.kind in (EventKind.ADDRESS, EventKind.LINK)
         if gid_work and hit:
             self.evaluator.mark_gid_stale()  # the kernel's GID work follows these

@@ -198,7 +198,7 @@ class Evaluator:
             if store.observations[rail.name].link is not None:
                 # here again (its return's event may have been missed): not lent
                 store.lent.pop(rail.name, None)
-                store.leaving.said(rail.name, deleted=False)
+                store.leaving.seen(rail.name)
             elif rail.name in had and rail.name not in store.lent:
                 store.leaving.vanished(rail.name, now)
 

@@ -53,13 +53,17 @@ class LeavingRails(dict[str, float]):
             self.setdefault(rail, now)
 
     def said(self, rail: str, deleted: bool) -> None:
-        """The kernel's word on the rail's netdev: deleted, or moved away or here (a link
-        event naming it)."""
+        """The kernel's RTM_DELLINK of the rail's netdev: deleted, or moved to another
+        namespace (lent). Not an RTM_NEWLINK: the one dev_close sends before the move can
+        be taken after a pass that found the netdev gone already."""
         self.pop(rail, None)
         if deleted:
             self.said_gone.add(rail)
-        else:
-            self.said_gone.discard(rail)
+
+    def seen(self, rail: str) -> None:
+        """A probe found the rail's netdev here."""
+        self.pop(rail, None)
+        self.said_gone.discard(rail)
 
     def waiting(self, now: float) -> set[str]:
         """The rails not judged now: gone, no word yet, and not for long."""

@@ -13,7 +13,7 @@ pass that finds the netdev gone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from pyroute2 import IPRoute
 
 from nodeagent.config import load_config
 from nodeagent.model.conditions import Finding
+from nodeagent.model.network import EventKind, KernelEvent
 from nodeagent.model.status import Report
 from nodeagent.probes.netlink import kernel_event
 from nodeagent.run.agent import Agent
@@ -65,16 +66,24 @@ def ready(report: Report) -> Finding:
     return next(f for f in report.findings if f.type == "RoCENetworkReady")
 
 
-def tell(agent: Agent, events: IPRoute, ifname: str) -> None:
-    """The kernel's events so far handed to the agent as its netlink thread would, up to
-    the RTM_DELLINK of `ifname`."""
+def kernel_said(events: IPRoute, ifname: str) -> tuple[list[KernelEvent], KernelEvent]:
+    """The kernel's events up to the RTM_DELLINK of `ifname`: those before it (the
+    RTM_NEWLINK dev_close sends, the address and route deletions), and it."""
+    before: list[KernelEvent] = []
     while True:
         for msg in events.get():
             event = kernel_event(msg)
-            if event is not None:
-                agent.rails_for(event)
-                if msg["event"] == "RTM_DELLINK" and event.ifname == ifname:
-                    return
+            if event is None:
+                continue
+            if msg["event"] == "RTM_DELLINK" and event.ifname == ifname:
+                return before, event
+            before.append(event)
+
+
+def tell(agent: Agent, events: Iterable[KernelEvent]) -> None:
+    """Handed to the agent as its netlink thread would."""
+    for event in events:
+        agent.rails_for(event)
 
 
 def test_a_netdev_moved_away_is_not_missing_while_the_kernel_has_not_said_where(
@@ -87,7 +96,17 @@ def test_a_netdev_moved_away_is_not_missing_while_the_kernel_has_not_said_where(
     assert "rail1" not in [r.name for r in before_word.rails]  # not judged either way
     assert agent.next_verdict_change() == pytest.approx(clock.now + LEAVING_FOR, abs=0.02)
 
-    tell(agent, events, "r1")
+    before, dellink = kernel_said(events, "r1")
+    assert dellink.moved_away, dellink
+    # What came before the word, taken after that pass (its RTM_NEWLINK among them): no
+    # word on where the netdev went, so still not judged.
+    tell(agent, before)
+    assert any(e.kind is EventKind.LINK and e.link is not None for e in before), before
+    clock.now += 0.1
+    still_no_word, _ = fabric_pass(agent.evaluator, {"rail1"}, repair=True)
+    assert ready(still_no_word).status == "True", ready(still_no_word)
+
+    tell(agent, [dellink])
     clock.now += 0.1
     lent, _ = fabric_pass(agent.evaluator, {"rail1"}, repair=True)
     assert ready(lent).status == "True"
@@ -105,7 +124,9 @@ def test_a_netdev_deleted_is_missing_the_moment_the_kernel_says_so(
     before_word, _ = fabric_pass(agent.evaluator, {"rail1"}, repair=True)
     assert ready(before_word).status == "True", ready(before_word)
 
-    tell(agent, events, "r1")
+    before, dellink = kernel_said(events, "r1")
+    assert not dellink.moved_away, dellink
+    tell(agent, [*before, dellink])
     said, _ = fabric_pass(agent.evaluator, {"rail1"}, repair=True)  # no time has passed
     assert (ready(said).status, ready(said).reason) == ("False", "InterfaceMissing"), \
         ready(said)
