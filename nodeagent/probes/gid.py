@@ -21,6 +21,7 @@ from typing import Any, Literal
 from nodeagent.io.bounded import BoundedReads, Stuck, Where
 from nodeagent.io.files import NotARegularFile, open_counted, read_attribute
 from nodeagent.model.rdma import GidEntry, GidReadError, GidTable, GidType
+from nodeagent.probes.verbs import load as load_pyverbs
 
 GidSource = Literal["auto", "pyverbs", "sysfs"]
 
@@ -192,7 +193,7 @@ def read_sysfs(sysfs_root: Path, devices: Iterable[str] | None = None,
 
 def pyverbs_available() -> bool:
     try:
-        import pyverbs.device  # noqa: F401
+        load_pyverbs()
     except Exception:  # ImportError, or a build that does not load against this rdma-core
         return False
     return True
@@ -224,6 +225,7 @@ def _ifname_of(ifindex: int) -> str | None:
 
 
 def _read_device_pyverbs(device: str, where: Where) -> DeviceRead:
+    load_pyverbs()
     import pyverbs.device as pvd
 
     where.path = f"pyverbs {device}"

@@ -41,6 +41,7 @@ from nodeagent.probes.transport import (
     connect_rc,
     open_device,
 )
+from nodeagent.probes.verbs import load as load_pyverbs
 from nodeagent.probes.volume import RC_ATTEMPTS, rdma_read
 
 CLASS_0 = Class()  # NCCL's default traffic class and service level
@@ -100,6 +101,7 @@ class RailEnd:
 
     def open(self, remote_read: bool) -> None:
         """Raises ProbeFailed naming the step."""
+        load_pyverbs()
         import pyverbs.enums as e
         from pyverbs.cq import CQ
         from pyverbs.mr import MR
@@ -282,6 +284,7 @@ def probe_peer(end: RailEnd, rail: str, address: str, node: str | None, port: in
         # Never more than our own buffer holds, whatever the responder offers.
         accept = replace(accept, length=max(1, min(accept.length, BUFFER)))
         mtu = accept.mtu
+        load_pyverbs()
         from pyverbs.addr import GID
 
         try:

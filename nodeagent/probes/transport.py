@@ -22,6 +22,7 @@ from nodeagent.io.files import one_line
 from nodeagent.model.peers import TransportResult
 from nodeagent.model.peers import TransportStep as Step
 from nodeagent.model.rdma import RDMAVolume
+from nodeagent.probes.verbs import load as load_pyverbs
 from nodeagent.probes.volume import RC_ATTEMPTS, rdma_send
 
 SIZE = 64  # bytes per latency message
@@ -154,6 +155,7 @@ def _complete(cq: Any, want: set[int], deadline: float) -> None:
 def open_device(device: str, port: int, gid_index: int, address: str) -> tuple[Any, Any, int]:
     """The device opened, its port ACTIVE, the rail's GID at the pin: (context, GID, the
     port's active MTU as an IBV_MTU_*). The context is closed again if a step fails."""
+    load_pyverbs()
     import pyverbs.enums as e
     from pyverbs.device import Context
 
@@ -260,7 +262,7 @@ def probe_rail(rail: str, device: str, port: int, gid_index: int, address: str,
     started = time.monotonic()
     moved = RDMAVolume()
     try:
-        import pyverbs.enums  # noqa: F401  every step below needs the distro's pyverbs
+        load_pyverbs()  # every step below needs the distro's pyverbs
     except ImportError as exc:
         return TransportResult(rail, False, Step.PYVERBS, f"not importable: {exc}")
     pair = _Pair(None, None, None, [], [])

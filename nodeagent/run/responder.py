@@ -48,6 +48,7 @@ from nodeagent.probes.peerwire import (
     parse_hello,
 )
 from nodeagent.probes.transport import connect_rc
+from nodeagent.probes.verbs import load as load_pyverbs
 from nodeagent.run.own_rdma import OwnRDMA
 
 log = logging.getLogger(__name__)
@@ -290,6 +291,7 @@ class Responder(threading.Thread):
             self._refuse_conn(conn, Refusal.BAD_HELLO)
             return
         try:
+            load_pyverbs()
             import pyverbs.enums as e
             from pyverbs.addr import GID
 
