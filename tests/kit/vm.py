@@ -41,6 +41,7 @@ PACKAGES = [
     # A real communication library in place of NCCL (no GPU here): Open MPI over UCX, an
     # all-reduce from mpi4py; perftest's ib_write_bw as an oracle no one here wrote.
     "openmpi-bin", "python3-mpi4py", "ucx-utils", "perftest",
+    "lldpd",  # plays the leaf switch at the peer node's end of the wire (started by a test)
 ]
 MGMT_MAC = "52:54:00:00:00:01"
 RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02",
@@ -66,7 +67,7 @@ printf '[main]\\nno-auto-default=*\\n\\n[keyfile]\\nunmanaged-devices=mac:{MGMT_
     > /etc/NetworkManager/conf.d/10-lab.conf
 systemctl enable systemd-networkd ssh >/dev/null 2>&1
 systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer \\
-    >/dev/null 2>&1
+    lldpd.service >/dev/null 2>&1
 echo rdma_rxe > /etc/modules-load.d/rxe.conf
 """
 

@@ -10,7 +10,7 @@ The lab guest's fab0 (ens6, rxe2, 10.20.0.1) is wired to the peer node's fab0 (e
 10.20.0.2). Each case breaks the path the way a fabric does and reads both status files:
 RoCE dropped by nftables while TCP passes (the silent fallback), the wire cut, a
 path that drops full-size RoCE frames, the peer's GID moved and re-pinned, its agent
-stopped."""
+stopped; and the peer node's end played by a leaf switch's LLDP (lldpd)."""
 
 from __future__ import annotations
 
@@ -451,4 +451,55 @@ def test_4j_a_dropped_lossless_class_is_named_where_class_0_alone_passes(
         b.ssh("nft flush ruleset")
         until_condition(a, ("True", "PeersReachable"), 60, "the class passes again")
     finally:
+        at_once(lambda: reset_fab(a), lambda: reset_fab(b))
+
+
+# What README's "An lldp section needs raw packet sockets" tells a host to add.
+LLDP_DROPIN = "/etc/systemd/system/nodeagent.service.d/50-lldp.conf"
+SWITCH_DIR = "/run/lab-switch"  # lldpd drops privileges: its socket and config must be reachable
+CABLING = "RailCablingVerified"
+
+
+def switch_says(vm: VM, command: str) -> None:
+    vm.ssh(f"lldpcli -u {SWITCH_DIR}/lldpd.sock {command}")
+
+
+def cabling_message(vm: VM) -> str:
+    return next((c["message"] for c in status(vm).get("conditions", [])
+                 if c["type"] == CABLING), "")
+
+
+def test_4k_the_switch_port_at_the_wires_far_end_is_named_over_lldp(
+        guest: VM, node_b: VM) -> None:
+    """Debian's lldpd on the peer node's end of the wire plays the leaf switch (as in
+    netns/test_lldp_daemon, here between two kernels over the qemu wire), sending every
+    second. The agent runs as its systemd unit with the drop-in README gives for an lldp
+    section (CAP_NET_RAW, AF_PACKET): it names the switch and port on fab0, a "leaf" of
+    another rail is RailMiscabled, and the switch gone is NoLLDPSeen (Unknown)."""
+    a, b = guest, node_b
+    at_once(lambda: reset_fab(a), lambda: reset_fab(b))
+    a.write(LLDP_DROPIN, "[Service]\nCapabilityBoundingSet=CAP_NET_RAW\n"
+                         "RestrictAddressFamilies=AF_PACKET")
+    a.ssh("systemctl daemon-reload")
+    b.write(f"{SWITCH_DIR}/lldpd.conf", "configure system hostname leaf-07-r0\n"
+            "configure lldp portidsubtype ifname\nconfigure lldp tx-interval 1")
+    b.ssh(f"ip link set ens4 up && chmod 755 {SWITCH_DIR} && systemd-run --unit=lab-switch "
+          f"--collect lldpd -d -u {SWITCH_DIR}/lldpd.sock -O {SWITCH_DIR}/lldpd.conf -I ens4")
+    try:
+        start_agent(a, rails=[A_RAIL], lldp={"switch_name": "leaf-*-r{n}"})
+        took = until_condition(a, ("True", "CablingAsExpected"), 60, "the leaf heard",
+                               ctype=CABLING)
+        lldp = status(a)["rails"][0]["lldp"]
+        assert (lldp["switch"], lldp["port"]) == ("leaf-07-r0", "ens4"), lldp
+        switch_says(b, "configure system hostname leaf-07-r1")  # another rail's leaf
+        until_condition(a, ("False", "RailMiscabled"), 30, "the crossed cable", ctype=CABLING)
+        assert cabling_message(a) == ("fab0 ens6: leaf-07-r1 port ens4, expected a switch "
+                                      "matching leaf-*-r0"), cabling_message(a)
+        b.ssh("systemctl stop lab-switch")  # lldpd withdraws its port (a TTL-0 LLDPDU)
+        until_condition(a, ("Unknown", "NoLLDPSeen"), 30, "the switch gone", ctype=CABLING)
+        print(f"LLDP over the lab wire: the leaf named {took:.1f} s after the agent's start")
+    finally:
+        b.ssh("systemctl stop lab-switch; systemctl reset-failed lab-switch; "
+              f"rm -rf {SWITCH_DIR}", check=False)
+        a.ssh(f"rm -f {LLDP_DROPIN} && systemctl daemon-reload", check=False)
         at_once(lambda: reset_fab(a), lambda: reset_fab(b))
