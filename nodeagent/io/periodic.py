@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from nodeagent.io.alarm import Alarm
+
 log = logging.getLogger(__name__)
 
 
@@ -19,8 +21,7 @@ class Periodic(threading.Thread):
 
     def __init__(self, name: str) -> None:
         super().__init__(name=name, daemon=True)
-        self._halt = threading.Event()
-        self._wake = threading.Event()
+        self._alarm = Alarm()
         self.turns = 0
 
     def turn(self) -> float:
@@ -32,28 +33,27 @@ class Periodic(threading.Thread):
 
     def pause(self, seconds: float) -> bool:
         """Sleep until the next turn; True when woken early."""
-        return self._wake.wait(max(0.0, seconds))
+        return self._alarm.wait(seconds)
 
     @property
     def halted(self) -> bool:
-        return self._halt.is_set()
+        return self._alarm.halted
 
     def run(self) -> None:
-        while not self._halt.is_set():
-            self._wake.clear()  # from here on, a wake asks for one more turn
+        while not self._alarm.halted:
+            self._alarm.clear()  # from here on, a wake asks for one more turn
             try:
                 delay = self.turn()
             except Exception as exc:
                 log.error("%s failed: %s", self.name, exc)
                 delay = self.after_failure()
             self.turns += 1
-            if self._halt.is_set():
+            if self._alarm.halted:
                 return
             self.pause(delay)
 
     def wake(self) -> None:
-        self._wake.set()
+        self._alarm.wake()
 
     def stop(self) -> None:
-        self._halt.set()
-        self._wake.set()
+        self._alarm.halt()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nodeagent.config import DeviceTaints, Kubernetes
+from nodeagent.io.alarm import Alarm
 from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.nodeview import read_node
 from nodeagent.kube.peercard import lease_metadata
@@ -136,7 +137,8 @@ class Publisher(threading.Thread):
         super().__init__(name="kube-publisher", daemon=True)
         self.cfg = cfg
         self._on_change = on_change  # the status file shows the Kubernetes side too
-        self._link = _NodeLink(writer_factory, self._wake_up)
+        self._alarm = Alarm()  # new findings, a changed Node, stop
+        self._link = _NodeLink(writer_factory, self._alarm.wake)
         self.clock = clock
         self.gate = TaintGate(cfg.clear_after)
         # With dra.device_taints: one bad rail gated by its device's rule, not the node.
@@ -144,8 +146,6 @@ class Publisher(threading.Thread):
                             if device_taints is not None else None)
         self.state = PublishState(tainted=cfg.taint is not None)  # conditions only: never
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._halt = threading.Event()
         self._latest: Status | None = None
         self._written = _Written()
         self._due = _Due()
@@ -168,7 +168,7 @@ class Publisher(threading.Thread):
             # down): a failure between two writes still restarts the clear_after dwell.
             now = self.clock()
             self.gate.feed(now, self._node_finding(now, report))
-        self._wake.set()
+        self._alarm.wake()
 
     def _node_finding(self, now: float, report: Status) -> Finding:
         """What the node's taint follows: FabricReady, unless its fault is one rail's and
@@ -179,20 +179,16 @@ class Publisher(threading.Thread):
         return self.rail_taints.gate.feed(now, fabric, report.report.rails)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._halt.set()
-        self._wake.set()
+        self._alarm.halt()
         self.join(timeout)
         self._link.stop()
-
-    def _wake_up(self) -> None:
-        self._wake.set()
 
     # ------------------------------------------------------------ the thread
 
     def run(self) -> None:
         backoff = Backoff()
         retry_in: float | None = None  # after a failed round: the jittered wait
-        while not self._halt.is_set():
+        while not self._alarm.halted:
             now = self.clock()
             deadlines = [self._due.lease]
             if self._written.key is not None:
@@ -210,9 +206,9 @@ class Publisher(threading.Thread):
             if self._lease_meta() != self._written.lease_meta:
                 deadlines.append(self._due.card)
             wait = retry_in if retry_in is not None else max(0.0, min(deadlines) - now)
-            self._wake.wait(timeout=wait)
-            self._wake.clear()
-            if self._halt.is_set():
+            self._alarm.wait(wait)
+            self._alarm.clear()
+            if self._alarm.halted:
                 break
             try:
                 self.sync_once()

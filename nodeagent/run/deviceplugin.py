@@ -165,5 +165,5 @@ class DevicePluginMonitor(Periodic):
     def pause(self, seconds: float) -> bool:
         woken = super().pause(seconds)
         if woken and not self.halted:
-            self._halt.wait(self.COALESCE)
+            self._alarm.linger(self.COALESCE)
         return woken
