@@ -185,6 +185,9 @@ class FactStore:
         for facts in (self.observations, self.rail_seen, self.lent, self.leaving):
             for name in [n for n in facts if n not in same]:
                 del facts[name]
+        # The kernel's word that a netdev was deleted was of the old rail: kept, the new
+        # one's netdev found gone would be judged missing at once, lent or not.
+        self.leaving.said_gone &= same
         self.seen = {kind: item.without_rails(changed) for kind, item in self.seen.items()}
 
     def deliver(self, item: Delivered) -> None:

@@ -134,3 +134,19 @@ def test_a_reload_forgets_what_it_saw_of_a_changed_rail_only(tmp_path: Path) -> 
     store.keep_rails([cfg.rails[0], changed], cfg.rails)
     assert store.rail_seen == {"rail0": ("mlx5_0", 1)}
     assert store.get(TransportSeen) == TransportSeen({}, {"rail0": "no pin"})
+
+
+def test_a_reload_forgets_the_kernels_word_on_a_changed_rails_netdev(tmp_path: Path) -> None:
+    """The old rail1's netdev was deleted (RTM_DELLINK, said before the reload); the new
+    rail1's netdev found gone waits for the kernel's word like any other, it is not
+    judged missing at once on the old one's."""
+    cfg = two_rails(tmp_path)
+    store = FactStore()
+    for rail in cfg.rails:
+        store.leaving.said(rail.name, deleted=True)
+    changed = cfg.rails[1].model_copy(update={"interface": "r9"})
+    store.keep_rails([cfg.rails[0], changed], cfg.rails)
+    assert store.leaving.said_gone == {"rail0"}, "the unchanged rail keeps its word"
+    store.leaving.vanished("rail1", now=10.0)
+    store.leaving.vanished("rail0", now=10.0)
+    assert store.leaving.waiting(10.5) == {"rail1"}
