@@ -81,27 +81,36 @@ class FastLane:
             self._ipr = IPRoute()
 
     def repair(self, gone: Deletion) -> Repairs | None:
-        """On the netlink thread: repair what the deletion took from a planned rail. None
-        when it touched none (or no plan, or no room): the loop decides as before."""
+        """On the netlink thread: repair what the deletion took from a planned rail.
+
+        None (the loop decides, at once) without a plan, or when the deletion touched a
+        planned rail with no room left. Otherwise what was done, empty when it touched no
+        planned rail (the kernel's own follow-ups: the local table's routes that go with an
+        address): the loop, which would repair nothing there either (the rails outside the
+        plan are paused, observe-only, lent or without a link), takes it with its burst
+        instead of being woken for it."""
         plan = self._plan
         if plan is None:
             return None
-        out: Repairs | None = None
+        out = Repairs()
+        deferred = False
         for entry in plan.rails:
-            if self.made[entry.rail.name] >= entry.stop_at:
-                continue
             drift = deletion_drift(entry.rail, entry.ifindex, gone)
             if not drift:
+                continue
+            if self.made[entry.rail.name] >= entry.stop_at:
+                deferred = True
                 continue
             actions = plan_rail(plan.cfg, entry.rail, entry.ifindex, drift)
             if not actions:
                 continue
             self.open()
             done, errors = execute(self._ipr, plan.cfg.paths.procfs, plan.by_name, actions)
-            out = out or Repairs()
             out.record(entry.rail.name, done, errors)
             if done:
                 self.made[entry.rail.name] += 1
+        if deferred and not (out.done or out.errors):
+            return None
         return out
 
     def close(self) -> None:

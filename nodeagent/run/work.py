@@ -50,7 +50,8 @@ class Source(Protocol):
 @dataclass(frozen=True)
 class NetlinkEvent:
     """One rtnetlink message about links, addresses, routes or rules, typed; with what the
-    fast lane repaired of a deletion (None: nothing, the loop decides)."""
+    fast lane repaired of a deletion (None: not examined, or a rail it had no room for:
+    the loop decides, at once; empty: examined, nothing of the planned rails)."""
 
     event: KernelEvent
     repaired: Repairs | None = None
