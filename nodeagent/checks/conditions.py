@@ -72,7 +72,7 @@ from nodeagent.model.conditions import (
 )
 from nodeagent.model.kube import label_value, switch_label
 from nodeagent.model.peers import PeerRef, PeerStats
-from nodeagent.model.status import RailStatus, Report
+from nodeagent.model.status import RailLink, RailRoce, RailStatus, Report
 
 Judge = Callable[[Config, Facts], Finding]
 
@@ -269,19 +269,20 @@ def rail_statuses(cfg: Config, facts: Facts) -> list[RailStatus]:
         link = obs.link if obs else None
         rails.append(RailStatus(
             name=rail.name, interface=rail.interface,
-            carrier=link.carrier if link else None, mtu=link.mtu if link else None,
-            drift=tuple(d.message for d in drift.get(rail.name, ())),
-            gid_index=gid.observed.get(rail.name), gid_index_pinned=pin,
-            address=rail.ip,
-            rdma_device=rail.rdma_device or (learned.device if learned else None),
-            rdma_port=rail.rdma_port if rail.rdma_device else (
-                learned.port if learned else None),
-            nccl_default_gid_index=(nccl[rail.name].index if rail.name in nccl else None),
+            link=RailLink(carrier=link.carrier if link else None,
+                          mtu=link.mtu if link else None,
+                          drift=tuple(d.message for d in drift.get(rail.name, ()))),
+            roce=RailRoce(
+                address=rail.ip,
+                rdma_device=rail.rdma_device or (learned.device if learned else None),
+                rdma_port=rail.rdma_port if rail.rdma_device else (
+                    learned.port if learned else None),
+                gid_index=gid.observed.get(rail.name), gid_index_pinned=pin,
+                nccl_default_gid_index=(nccl[rail.name].index if rail.name in nccl
+                                        else None)),
             counters=counted.counters.get(rail.name) if counted else None,
             port=ports.ports.get(rail.name) if ports else None,
-            repairs_total=timeline.repairs if timeline else None,
-            carrier_losses_total=timeline.carrier_losses_total if timeline else None,
-            carrier_losses_in_window=timeline.carrier_losses_in_window if timeline else None,
+            history=timeline,
             transport=transport.results.get(rail.name) if transport else None,
             peers=peers.get(rail.name) if cfg.peers is not None else None,
             switch=switches.get(rail.name), dra_device=devices.get(rail.name)))

@@ -41,47 +41,65 @@ class RailTimeline:
 
 
 @dataclass(frozen=True)
-class RailStatus:
-    """One rail as the status file, the metrics and `status --json` show it."""
+class RailLink:
+    """The rail's netdev as the pass found it, and what differs from its config."""
 
-    name: str
-    interface: str
     carrier: bool | None = None
     mtu: int | None = None
     drift: tuple[str, ...] = ()
-    gid_index: int | None = None  # where the rail's IPv4 RoCE v2 GID is now
-    gid_index_pinned: int | None = None
-    # Where the rail's GID is pinned: what a job on the node must use (nodeagent preflight
-    # reads them from the status file).
+
+
+@dataclass(frozen=True)
+class RailRoce:
+    """Where the rail's RoCE GID is, and where it is pinned: what a job on the node must use
+    (nodeagent preflight reads them from the status file)."""
+
     address: str | None = None
     rdma_device: str | None = None
     rdma_port: int | None = None
+    gid_index: int | None = None  # where the rail's IPv4 RoCE v2 GID is now
+    gid_index_pinned: int | None = None
     # The GID index NCCL with default settings would pick on the rail's port (checks/nccl).
     nccl_default_gid_index: int | None = None
+
+
+@dataclass(frozen=True)
+class RailLent:
+    """A rail whose netdev moved to another network namespace (lent to a pod): while lent,
+    it is not checked, probed or repaired."""
+
+    seconds: float  # since it left
+    to: str | None = None  # "pod ns/name (claim ns/c)", where the claims name it
+
+
+@dataclass(frozen=True)
+class RailStatus:
+    """One rail as the status file, the metrics and `status --json` show it (flat there:
+    the groups here are for the code, the JSON keys are the public contract)."""
+
+    name: str
+    interface: str
+    link: RailLink = RailLink()
+    roce: RailRoce = RailRoce()
     counters: RailCounters | None = None
     port: PortHealth | None = None  # with a hardware section
     transport: TransportResult | None = None  # with a transport section: the latest probe
     peers: tuple[PeerStats, ...] | None = None  # with a peers section: each peer's probes
-    # The daemon's own history of the rail (absent from check/apply):
-    carrier_losses_total: int | None = None
-    carrier_losses_in_window: int | None = None
-    repairs_total: Mapping[str, int] | None = None  # drift kind -> repairs since start
-    # Seconds since its netdev moved to another network namespace (lent to a pod): while
-    # lent, the rail is not checked, probed or repaired.
-    lent_seconds: float | None = None
-    lent_to: str | None = None  # "pod ns/name (claim ns/c)", where the claims name it
+    history: RailTimeline | None = None  # the daemon's own (absent from check/apply)
+    lent: RailLent | None = None
     # With an lldp section: the switch port at its far end, while its LLDP holds.
     switch: Neighbour | None = None
     # With a dra section: the rail's device in the driver's ResourceSlices.
     dra_device: DeviceRef | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        link, roce = self.link, self.roce
         out: dict[str, Any] = {
-            "name": self.name, "interface": self.interface, "carrier": self.carrier,
-            "mtu": self.mtu, "drift": list(self.drift), "gid_index": self.gid_index,
-            "gid_index_pinned": self.gid_index_pinned, "address": self.address,
-            "rdma_device": self.rdma_device, "rdma_port": self.rdma_port,
-            "nccl_default_gid_index": self.nccl_default_gid_index,
+            "name": self.name, "interface": self.interface, "carrier": link.carrier,
+            "mtu": link.mtu, "drift": list(link.drift), "gid_index": roce.gid_index,
+            "gid_index_pinned": roce.gid_index_pinned, "address": roce.address,
+            "rdma_device": roce.rdma_device, "rdma_port": roce.rdma_port,
+            "nccl_default_gid_index": roce.nccl_default_gid_index,
         }
         c = self.counters
         if c is not None:
@@ -90,15 +108,16 @@ class RailStatus:
                 "netdev_rx_bytes": c.netdev_rx_bytes, "rdma_tx_bytes": c.rdma_tx_bytes,
                 "rdma_rx_bytes": c.rdma_rx_bytes, "rdma_tx_packets": c.rdma_tx_packets,
                 "rdma_rx_packets": c.rdma_rx_packets})
-        if self.carrier_losses_total is not None:
-            out["carrier_losses_total"] = self.carrier_losses_total
-            out["carrier_losses_in_window"] = self.carrier_losses_in_window
-        if self.repairs_total is not None:
-            out["repairs_total"] = dict(self.repairs_total)
-        if self.lent_seconds is not None:
-            out["lent_seconds"] = round(self.lent_seconds, 1)
-        if self.lent_to is not None:
-            out["lent_to"] = self.lent_to
+        h = self.history
+        if h is not None and h.carrier_losses_total is not None:
+            out["carrier_losses_total"] = h.carrier_losses_total
+            out["carrier_losses_in_window"] = h.carrier_losses_in_window
+        if h is not None:
+            out["repairs_total"] = dict(h.repairs)
+        if self.lent is not None:
+            out["lent_seconds"] = round(self.lent.seconds, 1)
+            if self.lent.to is not None:
+                out["lent_to"] = self.lent.to
         if self.dra_device is not None:
             d = self.dra_device
             out["dra_device"] = {"driver": d.driver, "pool": d.pool, "device": d.device}

@@ -135,12 +135,12 @@ def _rails(rails: Iterable[RailStatus]) -> Iterable[Metric]:
     }
     for r in rails:
         labels = [r.name, r.interface]
-        if r.carrier_losses_total is not None:
-            carrier.add_metric(labels, r.carrier_losses_total)
-        if r.gid_index is not None:
-            gid.add_metric(labels, r.gid_index)
-        if r.gid_index_pinned is not None:
-            pinned.add_metric(labels, r.gid_index_pinned)
+        if r.history is not None and r.history.carrier_losses_total is not None:
+            carrier.add_metric(labels, r.history.carrier_losses_total)
+        if r.roce.gid_index is not None:
+            gid.add_metric(labels, r.roce.gid_index)
+        if r.roce.gid_index_pinned is not None:
+            pinned.add_metric(labels, r.roce.gid_index_pinned)
         c = r.counters
         if c is None:
             continue

@@ -310,8 +310,8 @@ class Publisher(threading.Thread):
         rails = report.report.rails
         taints = self.rail_taints
         aside = RailsAside(
-            lent={r.name: r.lent_to or "another network namespace" for r in rails
-                  if r.lent_seconds is not None},
+            lent={r.name: r.lent.to or "another network namespace" for r in rails
+                  if r.lent is not None},
             tainted={t.rail: t.reason for t in (taints.writer.written or ())}
             if taints is not None and taints.writer is not None else {})
         return lease_metadata(report.peer_card, rails, aside)

@@ -46,7 +46,7 @@ from nodeagent.model.kube import Lending, label_value
 from nodeagent.model.network import GID_AFFECTING, Deletion
 from nodeagent.model.peers import RailEndpoint, Targets
 from nodeagent.model.rdma import GidTable, Pin, PortHealth
-from nodeagent.model.status import RailStatus, RailTimeline, Report
+from nodeagent.model.status import RailLent, RailStatus, RailTimeline, Report
 from nodeagent.probes.counters import read_rail_counters
 from nodeagent.probes.gid import read_gid_table
 from nodeagent.probes.hardware import read_fingerprint
@@ -536,8 +536,8 @@ class Evaluator:
                 if r.name in store and r.name not in overdue]
         if not lent:
             return
-        report.rails.extend(RailStatus(r.name, r.interface, lent_seconds=age,
-                                       lent_to=str(held) if held else None)
+        report.rails.extend(RailStatus(r.name, r.interface,
+                                       lent=RailLent(age, str(held) if held else None))
                             for r, age, held in lent)
         words = "; ".join(self._lent_words(r, age, held, now) for r, age, held in lent)
         report.findings = [replace(f, message=f"{f.message}; {words}" if f.message else words)

@@ -434,7 +434,7 @@ def test_without_the_section_no_condition_but_the_status_still_says() -> None:
             (3, "::ffff:10.10.0.5", GidType.ROCE_V2))))
     report = judge_pass(cfg, Facts(now=0.0, gid_table=table))
     assert NCCL_DEFAULT_GID_PINNED not in {f.type for f in report.findings}
-    assert report.rails[0].nccl_default_gid_index == 3
+    assert report.rails[0].roce.nccl_default_gid_index == 3
 
 
 def test_check_notes_a_rail_whose_nccl_default_is_not_its_pin(
