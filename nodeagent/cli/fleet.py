@@ -48,6 +48,19 @@ COLUMNS = tuple(c for c in CONDITIONS if c.type != FABRIC_READY)
 
 
 @dataclass
+class RowRails:
+    """A node's rails as the fleet sees them, each map rail -> what is said of it."""
+
+    # its peers passing and probed, from the node's own probes (its Lease)
+    peers: dict[str, PeerCount] = field(default_factory=dict)
+    switches: dict[str, str] = field(default_factory=dict)  # its switch (LLDP, labels)
+    # its switch, where that switch is named for failing outward (switch_faults)
+    switch_faults: dict[str, str] = field(default_factory=dict)
+    lent: dict[str, str] = field(default_factory=dict)  # the pod holding it (Lease)
+    device_taints: dict[str, str] = field(default_factory=dict)  # its rule's reason
+
+
+@dataclass
 class FleetRow:
     node: str
     fabric: str  # FabricReady status, "-" when no agent published it
@@ -60,13 +73,14 @@ class FleetRow:
     capacity: int
     allocatable: int
     flags: list[str] = field(default_factory=list)
-    # rail -> its peers passing and probed, from the node's own probes (its Lease)
-    peers: dict[str, PeerCount] = field(default_factory=dict)
-    switches: dict[str, str] = field(default_factory=dict)  # rail -> switch (LLDP, labels)
-    # rail -> its switch, where that switch is named for failing outward (switch_faults)
-    switch_faults: dict[str, str] = field(default_factory=dict)
-    lent: dict[str, str] = field(default_factory=dict)  # rail -> the pod holding it (Lease)
-    device_taints: dict[str, str] = field(default_factory=dict)  # rail -> its rule's reason
+    rails: RowRails = field(default_factory=RowRails)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as -o json and -o yaml print it: one flat object (the rails' maps at the
+        top level, as they always were)."""
+        out = asdict(self)
+        out.update(out.pop("rails"))
+        return out
 
 
 _SHOWN = frozenset(c.type for c in CONDITIONS)
@@ -133,16 +147,16 @@ def fleet_view(nodes: Iterable[Any], leases: Iterable[Any],
             row.flags.append("agent-stale" if renew is not None else "no-agent")
         if row.capacity == 0 or row.allocatable == 0:
             row.flags.append("no-rdma")
-        row.peers = counts.get(name, {})
         set_aside = aside.get(name, RailsAside())
-        row.lent, row.device_taints = dict(set_aside.lent), dict(set_aside.tainted)
-        if row.device_taints:
+        row.rails = RowRails(
+            peers=counts.get(name, {}), switches=switches_of(node.labels),
+            switch_faults=dict(sorted(named.get(name, {}).items())),
+            lent=dict(set_aside.lent), device_taints=dict(set_aside.tainted))
+        if row.rails.device_taints:
             row.flags.append("device-taint")
-        row.switches = switches_of(node.labels)
-        row.switch_faults = dict(sorted(named.get(name, {}).items()))
         if name in suspect:
             row.flags.append("peer-suspect")
-        if row.switch_faults:
+        if row.rails.switch_faults:
             row.flags.append("switch-suspect")
         changed = timestamp(since)
         if row.tainted and changed is not None and now - changed > taint_older:
@@ -214,12 +228,13 @@ def _table(rows: list[FleetRow], now: float, wide: bool, color: bool) -> str:
                 r.taint_reason if r.tainted else "-",
                 _age(None if since is None else now - since), _age(r.heartbeat_age),
                 f"{r.allocatable}/{r.capacity}",
-                peers_text(r.peers, per_rail=wide)]
+                peers_text(r.rails.peers, per_rail=wide)]
         if wide:
             line[3:3] = [_cell(r.conditions.get(c.type)) for c in COLUMNS]
             line += [",".join(f"{k}={v}" for k, v in sorted(rails.items())) or "-"
-                     for rails in (r.switches, {k: _pod(v) for k, v in r.lent.items()},
-                                   r.device_taints)]
+                     for rails in (r.rails.switches,
+                                   {k: _pod(v) for k, v in r.rails.lent.items()},
+                                   r.rails.device_taints)]
         line.append(",".join(r.flags) or "-")
         lines.append([printable(cell) for cell in line])  # names and reasons are not ours
     widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
@@ -236,7 +251,7 @@ def render(rows: list[FleetRow], output: str, now: float, color: bool,
            headers: bool = True, faults: Sequence[SwitchFault] = ()) -> str:
     if output in ("json", "yaml"):
         doc = {"apiVersion": "v1", "kind": "List", "metadata": {},
-               "items": [asdict(r) for r in rows]}
+               "items": [r.as_dict() for r in rows]}
         if output == "yaml":
             import yaml
 

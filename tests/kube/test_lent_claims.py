@@ -109,7 +109,7 @@ def test_a_lent_rail_names_its_pod_and_claim_and_fails_if_not_back_after_the_pod
         nodes, leases = FleetSource(apiserver.client("admin"), "", "nodeagent-system").list_once()
         row = next(r for r in fleet_rows(nodes, leases, "rdma/x", "k", 0.0, 1e12, 1800)
                    if r.node == node)
-        assert row.lent == {"rail1": "pod lent/train-0 (claim lent/train-0-nic)"}, row
+        assert row.rails.lent == {"rail1": "pod lent/train-0 (claim lent/train-0-nic)"}, row
 
         # The job ends, and the netdev does not come back (a leaked namespace holds it).
         core.delete_namespaced_pod("train-0", NS, grace_period_seconds=0)

@@ -161,7 +161,7 @@ def test_the_lease_says_which_rails_are_aside_and_fleet_wide_shows_them() -> Non
     assert read_aside(lease) == aside
     rows = fleet_rows([{"metadata": {"name": "gpu-01"}}], [lease], "rdma/x", "k", now,
                       None, 1800)
-    assert rows[0].lent == {"rail1": "pod ml/train-0 (claim ml/nic)"}
+    assert rows[0].rails.lent == {"rail1": "pod ml/train-0 (claim ml/nic)"}
     assert "device-taint" in rows[0].flags
     table = render_table(rows, now, wide=True)
     head, row = table.splitlines()[:2]

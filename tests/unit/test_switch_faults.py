@@ -90,7 +90,7 @@ def test_a_leaf_whose_uplinks_fail_is_named_once_with_its_nodes() -> None:
     by_node = {r.node: r for r in rows}
     for i in range(16, 32):
         assert by_node[name(i)].flags == ["switch-suspect"], by_node[name(i)]
-        assert by_node[name(i)].switch_faults == {"rail0": "leaf-1-r0"}
+        assert by_node[name(i)].rails.switch_faults == {"rail0": "leaf-1-r0"}
     assert not any("peer-suspect" in r.flags for r in rows)
     table = render_table(rows, 0.0, faults=faults)
     assert table.count("switch leaf-1-r0 on rail0: 96 of 96 probes") == 1, table
