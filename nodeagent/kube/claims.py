@@ -28,6 +28,7 @@ MAX_RESULTS = 64  # devices per claim
 class PodClaims:
     pod: str  # namespace/name
     claims: tuple[str, ...]  # namespace/name of each claim it names
+    uid: str = ""  # metadata.uid: a pod made again under the same name is another pod
 
 
 def node_pods(pods: Iterable[Any]) -> tuple[frozenset[str], list[PodClaims]]:
@@ -45,7 +46,7 @@ def node_pods(pods: Iterable[Any]) -> tuple[frozenset[str], list[PodClaims]]:
                  items(spec.get("resourceClaims")) + items(status.get("resourceClaimStatuses"))]
         claims = tuple(dict.fromkeys(f"{namespace}/{n}" for n in names if n))[:MAX_CLAIMS]
         if claims:
-            held.append(PodClaims(key, claims))
+            held.append(PodClaims(key, claims, text(meta.get("uid"))))
     return frozenset(live), held
 
 

@@ -52,11 +52,14 @@ def read_slices(cfg: Config, lister: ListSlices) -> SlicesObservation:
 
 class ClaimReader:
     """Who holds which device on a node. A claim is read when a pod first names it and
-    kept while one does; one not allocated yet is asked again at the next read."""
+    kept while that pod does (an allocation cannot change while a pod holds the claim;
+    a claim deleted and made again under its name, for a new pod, is read again); one
+    not allocated yet is asked again at the next read."""
 
     def __init__(self, get: Get) -> None:
         self._get = get
-        self._claims: dict[str, tuple[DeviceRef, ...]] = {}  # namespace/name -> devices
+        # (pod uid, claim namespace/name) -> its devices
+        self._claims: dict[tuple[str, str], tuple[DeviceRef, ...]] = {}
 
     def read(self, node: str) -> ClaimsObservation:
         try:
@@ -66,16 +69,18 @@ class ClaimReader:
             lendings: list[Lending] = []
             for pod in held:
                 for claim in pod.claims:
-                    lendings.extend(Lending(d, pod.pod, claim) for d in self._devices(claim))
+                    lendings.extend(Lending(d, pod.pod, claim)
+                                    for d in self._devices(pod.uid, claim))
         except Exception as exc:  # the API down, 403: the lent rails' holders unknown
             return ClaimsObservation(error=_error(exc))
-        named = {c for pod in held for c in pod.claims}
-        self._claims = {c: d for c, d in self._claims.items() if c in named}
+        named = {(pod.uid, c) for pod in held for c in pod.claims}
+        self._claims = {k: d for k, d in self._claims.items() if k in named}
         return ClaimsObservation(tuple(lendings), live)
 
-    def _devices(self, claim: str) -> tuple[DeviceRef, ...]:
-        if claim in self._claims:
-            return self._claims[claim]
+    def _devices(self, pod_uid: str, claim: str) -> tuple[DeviceRef, ...]:
+        key = (pod_uid, claim)
+        if key in self._claims:
+            return self._claims[key]
         from nodeagent.kube.api import is_not_found
 
         namespace, name = claim.split("/", 1)
@@ -86,7 +91,7 @@ class ClaimReader:
                 return ()
             raise
         if devices:
-            self._claims[claim] = devices
+            self._claims[key] = devices
         return devices
 
 

@@ -28,8 +28,8 @@ NIC = DeviceRef("dra.net", "gpu-01", "pci-0000-3b-00-0")
 
 
 def pod(name: str, claims: list[str] = (), generated: list[str] = (),  # type: ignore[assignment]
-        phase: str = "Running", ns: str = "ml") -> dict[str, Any]:
-    return {"metadata": {"namespace": ns, "name": name},
+        phase: str = "Running", ns: str = "ml", uid: str = "") -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "name": name, "uid": uid or f"uid-{name}"},
             "spec": {"nodeName": "gpu-01",
                      "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims]
                      + [{"name": g, "resourceClaimTemplateName": "t"} for g in generated]},
@@ -103,6 +103,20 @@ def test_the_reader_names_each_devices_holder_and_reads_a_claim_once() -> None:
     assert api.asked.count("/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/later") == 2
     api.pods = [pod("other", claims=["gone"])]  # a claim named but not made yet: no holder
     assert reader.read("gpu-01").lendings == ()
+
+
+def test_a_claim_made_again_under_its_name_for_a_new_pod_is_read_again() -> None:
+    """A Job's pod made again (the same name, a new uid) whose claim, named outright, was
+    deleted and made again between two reads: allocated to another NIC now. Kept by name,
+    the first allocation named the wrong rail's holder for as long as the pod ran."""
+    other = DeviceRef("dra.net", "gpu-01", "pci-0000-86-00-0")
+    api = FakeApi([pod("train-0", claims=["nic"], uid="a")], {"nic": claim(NIC)})
+    reader = ClaimReader(api)
+    assert reader.read("gpu-01").holder(NIC) is not None
+    api.pods, api.claims = [pod("train-0", claims=["nic"], uid="b")], {"nic": claim(other)}
+    got = reader.read("gpu-01")
+    assert got.holder(NIC) is None and got.holder(other) == Lending(other, "ml/train-0",
+                                                                    "ml/nic")
 
 
 def test_the_api_down_is_an_error_not_an_empty_node() -> None:
