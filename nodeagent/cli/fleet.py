@@ -23,6 +23,7 @@ from typing import Any
 from nodeagent.checks.conditions import CONDITIONS
 from nodeagent.cli.mesh import (
     GRID_MAX,
+    MeshCell,
     PeerCount,
     SwitchFault,
     mesh_cells,
@@ -101,32 +102,16 @@ def fleet_view(nodes: Iterable[Any], leases: Iterable[Any],
     field of the wrong shape reads as absent, never as a crash (the objects are another
     program's data). An agent is stale past `stale_after`, or by default past its own
     Lease's duration (what it promised when it renewed)."""
-    renewed = {}
-    holds: dict[str, float] = {}
-    aside: dict[str, RailsAside] = {}
     leases = list(leases)
-    for raw in leases:
-        lease = read_lease(raw)
-        if lease is None:
-            continue
-        renewed[lease.node] = lease.renewed
-        if lease.duration is not None:
-            holds[lease.node] = lease.duration
-        aside[lease.node] = read_aside(raw)
+    renewed, holds, aside = _agents(leases)
     rows = []
     firmware: dict[str, tuple[str, str]] = {}  # node -> (HCA type, firmware) from labels
     cells = mesh_cells(leases)
     views = list(map(read_node, nodes))
     faults = switch_faults(cells, {(n.name, rail): switch for n in views
                                    for rail, switch in switches_of(n.labels).items()})
-    named: dict[str, dict[str, str]] = defaultdict(dict)  # node -> rail -> switch named
-    for f in faults:
-        for n in f.nodes:
-            named[n][f.rail] = f.switch
+    named, suspect = _blamed(cells, faults)
     counts = peer_counts(cells)
-    # A node under a switch named for the rail is not suspect there: the switch is.
-    suspect = {node: rails for node, got in suspects(cells).items()
-               if (rails := [r for r in got if r not in named.get(node, {})])}
     for node in views:
         name = node.name
         fabric = node.condition(FABRIC_READY)
@@ -167,6 +152,37 @@ def fleet_view(nodes: Iterable[Any], leases: Iterable[Any],
         if firmware_minority(firmware, row.node):
             row.flags.append("fw-minority")
     return sorted(rows, key=lambda r: (not r.flags, r.fabric == "True", r.node)), faults
+
+
+def _blamed(cells: Sequence[MeshCell], faults: Sequence[SwitchFault]) -> tuple[
+        dict[str, dict[str, str]], dict[str, list[str]]]:
+    """Node -> rail -> the switch named for it; node -> the rails where the node itself
+    is suspect (a node under a switch named for the rail is not: the switch is)."""
+    named: dict[str, dict[str, str]] = defaultdict(dict)
+    for f in faults:
+        for n in f.nodes:
+            named[n][f.rail] = f.switch
+    suspect = {node: rails for node, got in suspects(cells).items()
+               if (rails := [r for r in got if r not in named.get(node, {})])}
+    return named, suspect
+
+
+def _agents(leases: Iterable[Any]) -> tuple[dict[str, float | None], dict[str, float],
+                                             dict[str, RailsAside]]:
+    """What each agent's Lease says: when it was renewed, for how long it holds, and the
+    rails it set aside (by node)."""
+    renewed: dict[str, float | None] = {}
+    holds: dict[str, float] = {}
+    aside: dict[str, RailsAside] = {}
+    for raw in leases:
+        lease = read_lease(raw)
+        if lease is None:
+            continue
+        renewed[lease.node] = lease.renewed
+        if lease.duration is not None:
+            holds[lease.node] = lease.duration
+        aside[lease.node] = read_aside(raw)
+    return renewed, holds, aside
 
 
 def firmware_minority(firmware: Mapping[str, tuple[str, str]], node: str) -> bool:
