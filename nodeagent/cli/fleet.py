@@ -36,7 +36,7 @@ from nodeagent.cli.mesh import (
     switch_faults,
     under_switch,
 )
-from nodeagent.config import parse_duration
+from nodeagent.cli.options import fleet_arguments
 from nodeagent.io.files import one_line, printable
 from nodeagent.kube.fields import text, timestamp
 from nodeagent.kube.nodeview import read_node
@@ -361,36 +361,6 @@ class FleetSource:
             leases.stop()
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("view", nargs="?", choices=["nodes", "mesh"], default="nodes",
-                   help="nodes (the default): one row a node; mesh: the peer probes' "
-                   "prober x target matrix, from the agents' Leases")
-    p.add_argument("--rail", help="mesh: this rail only (default: each rail in turn)")
-    p.add_argument("--switch", help="mesh: the probes from and to this switch's nodes (a "
-                   "mesh of more than 64 nodes is otherwise summarised by switch)")
-    p.add_argument("--kubeconfig", help="kubeconfig, found as kubectl does: this flag, else "
-                   "the first existing file in $KUBECONFIG, else ~/.kube/config, else the "
-                   "in-cluster service account")
-    p.add_argument("--context", help="the kubeconfig context to use (default: its current)")
-    p.add_argument("-l", "--selector", default="",
-                   help="label selector of the fabric nodes (default: every node)")
-    p.add_argument("-o", "--output", choices=["table", "wide", "json", "yaml", "name"],
-                   default="table", help="json and yaml: a v1 List of rows; name: node/<name>")
-    p.add_argument("--no-headers", action="store_true", help="tables without the header line")
-    p.add_argument("-w", "--watch", action="store_true", help="redraw on every change")
-    p.add_argument("--resource", default="rdma/rdma_shared_device_a",
-                   help="the RDMA extended resource")
-    p.add_argument("--taint-key", default="nodeagent.io/fabric-unready")
-    p.add_argument("--lease-namespace", default="nodeagent-system")
-    p.add_argument("--stale-after", type=float, default=None, metavar="SECONDS",
-                   help="flag an agent heartbeat older than this (default: each agent's own "
-                   "Lease duration, leaseDurationSeconds)")
-    p.add_argument("--taint-older", type=float, default=1800.0, metavar="SECONDS",
-                   help="flag a taint older than this")
-    p.add_argument("--request-timeout", type=parse_duration, default=15.0, metavar="DURATION",
-                   help="one API request in all, reply included (default 15s)")
-
-
 def run(args: argparse.Namespace, out: Any = None, stop: threading.Event | None = None) -> int:
     from nodeagent.kube.api import user_client
 
@@ -445,5 +415,5 @@ def kubectl_main() -> None:
     """`kubectl fabric ...` (kubectl finds kubectl-fabric on PATH)."""
     p = argparse.ArgumentParser(prog="kubectl fabric", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
+    fleet_arguments(p)
     sys.exit(run(p.parse_args()))

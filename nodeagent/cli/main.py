@@ -16,8 +16,7 @@ from typing import Any
 
 from nodeagent import __version__
 from nodeagent.cli.alerts import Windows
-from nodeagent.cli.fleet import add_arguments as add_fleet_arguments
-from nodeagent.cli.preflight import add_arguments as add_preflight_arguments
+from nodeagent.cli.options import fleet_arguments, preflight_arguments
 from nodeagent.config import (
     DEFAULT_CONFIG_PATH,
     Config,
@@ -78,10 +77,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="write one file per manifest here (default: all to stdout)")
     fl = sub.add_parser("fleet", help="every fabric node's conditions, taint, heartbeat and "
                         "RDMA capacity in one table (also: kubectl fabric)")
-    add_fleet_arguments(fl)
+    fleet_arguments(fl)
     pf = sub.add_parser("preflight", help="in a training pod's init container: exit 1, with "
                         "the reasons, unless its traffic would use the fabric")
-    add_preflight_arguments(pf)
+    preflight_arguments(pf)
     for field_name, default in vars(Windows()).items():
         alp.add_argument(f"--{field_name.replace('_', '-')}", default=default,
                          type=type(default), metavar="DURATION")

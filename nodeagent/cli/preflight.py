@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import ipaddress
 import math
 import os
 import sys
@@ -30,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.checks.preflight import PreflightFacts, class_notes, judge_preflight
-from nodeagent.config import parse_duration
 from nodeagent.io.files import NotARegularFile, printable, write_regular
 from nodeagent.kube.nodeview import read_node
 from nodeagent.model.conditions import FABRIC_READY
@@ -38,87 +36,6 @@ from nodeagent.model.jobs import AllocatedDevice, NodeRail, NodeVerdict, PodAllo
 
 TERMINATION_MAX = 4096  # the kubelet keeps this much of a termination message
 EXIT_FIT, EXIT_UNFIT, EXIT_USAGE = 0, 1, 2
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verdict", choices=["status", "api"], default="status",
-                   help="where the node's verdict comes from: the agent's status file "
-                   "(default; mount the host's runtime dir read-only) or the Node, read "
-                   "with the pod's own token (needs get on nodes)")
-    p.add_argument("--runtime-dir", default="/run/nodeagent", type=Path,
-                   help="the host agent's runtime dir as mounted in this container")
-    p.add_argument("--node", default=os.environ.get("NODE_NAME", ""),
-                   help="this node's name, for --verdict api (default: $NODE_NAME, from "
-                   "the downward API's spec.nodeName)")
-    p.add_argument("--resource", default="rdma/rdma_shared_device_a",
-                   help="the RDMA resource named in the fix for a missing device")
-    p.add_argument("--lustre", action="append", default=None, metavar="PATH",
-                   help="a Lustre mount the job needs (repeat; default: the agent's own "
-                   "lustre list from its status file)")
-    p.add_argument("--statfs-timeout", type=parse_duration, default=5.0, metavar="DURATION")
-    p.add_argument("--peers", default=os.environ.get("NODEAGENT_PEERS", ""),
-                   help="the gang's pods in rank order, comma-separated stable names "
-                   "(e.g. train-0.train,train-1.train) or a pattern with {index} and "
-                   "--size (default: $NODEAGENT_PEERS)")
-    p.add_argument("--size", type=int, default=_env_int("NODEAGENT_GANG_SIZE", 0),
-                   help="the gang's size, with a --peers pattern")
-    p.add_argument("--index", type=int, default=_env_int("JOB_COMPLETION_INDEX", -1),
-                   help="this pod's rank (default: $JOB_COMPLETION_INDEX)")
-    p.add_argument("--gang-port", type=_port, default=18601, help="the barrier's TCP port")
-    p.add_argument("--gang-bind", type=_ipv4, default=os.environ.get("POD_IP") or "0.0.0.0",
-                   metavar="ADDRESS", help="where this pod serves its card and fetches the "
-                   "others' from (default: $POD_IP, from the downward API's status.podIP; "
-                   "else every address of the pod)")
-    p.add_argument("--probe-port", type=_port, default=18602,
-                   help="this pod's responder for its neighbour's RoCE probe")
-    p.add_argument("--barrier-timeout", type=parse_duration, default=60.0,
-                   metavar="DURATION", help="how long to wait for the whole gang")
-    p.add_argument("--probe-timeout", type=parse_duration, default=2.0, metavar="DURATION")
-    p.add_argument("--allow-partial-rails", action="store_true",
-                   help="pass a job whose NCCL settings use only some of the rails (by "
-                   "default that is refused: it trains at a fraction of the bandwidth)")
-    p.add_argument("--claims", action="store_true",
-                   help="DRA: read this pod's ResourceClaims with its own token ($POD_NAME, "
-                   "$POD_NAMESPACE from the downward API; the nodeagent-preflight "
-                   "ClusterRole): each allocated NIC in the container with RDMA and used "
-                   "by NCCL, each GPU on a NIC's PCIe root or NUMA node; the rails judged "
-                   "are the allocated NICs'")
-    p.add_argument("--nic-driver", default="dra.net",
-                   help="with --claims: the DRA driver whose devices are the NICs")
-    p.add_argument("--allow-unaligned", action="store_true",
-                   help="with --claims: pass a GPU with no allocated NIC on its PCIe root "
-                   "or NUMA node")
-    p.add_argument("--termination-log", default="/dev/termination-log", type=Path,
-                   help="where the kubelet reads the termination message")
-    p.add_argument("--dev", default="/dev", type=Path, help="root of the device nodes")
-    p.add_argument("--sysfs", default="/sys", type=Path)
-    p.add_argument("--procfs", default="/proc", type=Path)
-
-
-def _port(text: str) -> int:
-    port = int(text)
-    if not 1 <= port <= 65535:
-        raise ValueError(text)  # argparse: "invalid _port value: '70000'"
-    return port
-
-
-_port.__name__ = "port"  # named in argparse's message
-
-
-def _ipv4(text: str) -> str:
-    return str(ipaddress.IPv4Address(text))
-
-
-_ipv4.__name__ = "IPv4 address"
-
-
-def _env_int(name: str, default: int) -> int:
-    """An integer from the environment; a value that is not one is left to argparse's
-    own check of the flag (it says which)."""
-    try:
-        return int(os.environ.get(name, ""))
-    except ValueError:
-        return default
 
 
 def peer_names(spec: str, size: int) -> list[str]:

@@ -16,8 +16,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from nodeagent.checks.conditions import CONDITIONS, FABRIC
-from nodeagent.cli.fleet import add_arguments, fleet_rows, render_table, run
+from nodeagent.cli.fleet import fleet_rows, render_table, run
 from nodeagent.cli.main import main
+from nodeagent.cli.options import fleet_arguments
 from nodeagent.kube.api import Counters, call
 from tests.kit.apiserver import ApiServer
 from tests.kit.helpers import wait_for
@@ -175,7 +176,7 @@ def test_watch_redraws_on_change(apiserver: ApiServer, fleet: dict[str, Any],
     import argparse
 
     p = argparse.ArgumentParser()
-    add_arguments(p)
+    fleet_arguments(p)
     args = p.parse_args(["--kubeconfig", kubeconfig(apiserver, tmp_path), "-l", "fabric=true",
                          "-w"])
     out, stop = io.StringIO(), threading.Event()
