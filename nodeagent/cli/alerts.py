@@ -9,29 +9,13 @@ default config.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from nodeagent.cli.options import Windows
 from nodeagent.config import Config, DevicePlugin, Kubernetes, parse_duration
 
 GROUP = "nodeagent-fabric"
-
-
-@dataclass(frozen=True)
-class Windows:
-    """How long each state must last before its alert fires (Prometheus durations)."""
-
-    not_ready_for: str = "15m"  # DaemonSet ready < desired
-    never_ready_window: str = "1h"  # no pod Ready at any moment in this window ...
-    never_ready_for: str = "5m"  # ... and still so after this
-    taint_for: str = "30m"  # a node carrying the fabric taint
-    lease_stale_after: int = 0  # seconds since the agent's last heartbeat; 0: the Lease's
-    #   duration (kubernetes.lease_duration, default 3x lease_period)
-    lease_stale_for: str = "2m"
-    no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
-    cannot_run_for: str = "5m"  # an agent says the plugin cannot run on its node
-    peer_suspect_for: str = "2m"  # most probers of a node fail while the rail is healthy
-    switch_suspect_for: str = "2m"  # the nodes under a switch fail most of their probes
+DEFAULT_WINDOWS = Windows()
 
 
 def ksm_label(name: str) -> str:
@@ -45,7 +29,7 @@ def _alert(name: str, expr: str, duration: str, severity: str, summary: str,
             "annotations": {"summary": summary, "description": description}}
 
 
-def alert_groups(cfg: Config, w: Windows = Windows()) -> list[dict[str, Any]]:
+def alert_groups(cfg: Config, w: Windows = DEFAULT_WINDOWS) -> list[dict[str, Any]]:
     dp = cfg.device_plugin or DevicePlugin()
     kube = cfg.kubernetes or Kubernetes()
     rules = [*_plugin_alerts(dp, w), *_node_alerts(kube, dp, w), _peer_suspect(w),

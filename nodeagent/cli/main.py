@@ -15,8 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from nodeagent import __version__
-from nodeagent.cli.alerts import Windows
-from nodeagent.cli.options import fleet_arguments, preflight_arguments
+from nodeagent.cli.options import Windows, fleet_arguments, preflight_arguments
 from nodeagent.config import (
     DEFAULT_CONFIG_PATH,
     Config,

@@ -1,15 +1,33 @@
-"""The flags of `fleet` and `preflight`, apart from their commands: every start builds
-the whole parser (the daemon's too), and the daemon need not import the fleet view or
-the preflight to say what their flags are."""
+"""The flags of `alerts`, `fleet` and `preflight`, apart from their commands: every start
+builds the whole parser (the daemon's too), and the daemon need not import the alert
+rules, the fleet view or the preflight to say what their flags are."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from nodeagent.config import parse_duration
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How long each state must last before its alert fires (Prometheus durations)."""
+
+    not_ready_for: str = "15m"  # DaemonSet ready < desired
+    never_ready_window: str = "1h"  # no pod Ready at any moment in this window ...
+    never_ready_for: str = "5m"  # ... and still so after this
+    taint_for: str = "30m"  # a node carrying the fabric taint
+    lease_stale_after: int = 0  # seconds since the agent's last heartbeat; 0: the Lease's
+    #   duration (kubernetes.lease_duration, default 3x lease_period)
+    lease_stale_for: str = "2m"
+    no_resource_for: str = "10m"  # a fabric node advertising no RDMA resource
+    cannot_run_for: str = "5m"  # an agent says the plugin cannot run on its node
+    peer_suspect_for: str = "2m"  # most probers of a node fail while the rail is healthy
+    switch_suspect_for: str = "2m"  # the nodes under a switch fail most of their probes
 
 
 def fleet_arguments(p: argparse.ArgumentParser) -> None:
