@@ -21,7 +21,6 @@ from nodeagent.checks.facts import (
     SlicesSeen,
 )
 from nodeagent.config import Config
-from nodeagent.publish.publisher import Publisher
 from nodeagent.run.custom import CustomChecksMonitor
 from nodeagent.run.fastlane import FastLane
 from nodeagent.run.gidwatch import GidSlotWatcher
@@ -40,6 +39,7 @@ if TYPE_CHECKING:  # imported when configured: a local-only agent loads no clien
     from nodeagent.kube.watch import WatchedCollection
     from nodeagent.model.peers import Targets
     from nodeagent.publish.metrics import AgentMetrics
+    from nodeagent.publish.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,7 @@ class Sources:
         if kcfg is not None:
             from nodeagent.kube.api import api_client
             from nodeagent.publish.kube import NodeWriter
+            from nodeagent.publish.publisher import Publisher
 
             node = cfg.resolved_node_name()
             self.publisher = Publisher(
