@@ -1,6 +1,7 @@
-"""The pass's three dumps run on pyroute2's event loop at once (probes/netlink.py `_dumps`):
-the same messages as pyroute2's synchronous calls, on a real kernel, and the same again
-through the synchronous fallback for an IPRoute without its async face."""
+"""The pass's netlink reads (each rail's link, then three dumps) run on pyroute2's event loop
+at once (probes/netlink.py `_dumps`): the same messages as pyroute2's synchronous calls,
+on a real kernel, a missing link None, and the same again through the synchronous
+fallback for an IPRoute without its async face."""
 
 from __future__ import annotations
 
@@ -26,13 +27,18 @@ class Plain:  # an IPRoute without the async face: only the synchronous calls
         return getattr(self._ipr, name)
 
 with IPRoute() as ipr:
-    sync = (list(ipr.get_addr()), list(ipr.get_rules(family=socket.AF_INET)),
+    names = ["d0", "d3", "missing"]
+    sync = ({n: [m["index"] for m in ipr.link("get", ifname=n)] for n in names[:2]},
+            list(ipr.get_addr()), list(ipr.get_rules(family=socket.AF_INET)),
             list(ipr.get_routes(family=socket.AF_INET)))
-    once = _dumps(ipr, routes=True)
-    plain = _dumps(Plain(ipr), routes=True)
-    print(json.dumps({"sync": [shape(x) for x in sync], "once": [shape(x) for x in once],
-                      "plain": [shape(x) for x in plain],
-                      "no_routes": len(_dumps(ipr, routes=False)[2])}))
+    once, plain = _dumps(ipr, names, routes=True), _dumps(Plain(ipr), names, routes=True)
+    def links(got):
+        return {n: [m["index"]] for n, m in got[0].items() if m is not None}
+    print(json.dumps({"sync": [sync[0], *(shape(x) for x in sync[1:])],
+                      "once": [links(once), *(shape(x) for x in once[1:])],
+                      "plain": [links(plain), *(shape(x) for x in plain[1:])],
+                      "missing": [once[0]["missing"], plain[0]["missing"]],
+                      "no_routes": len(_dumps(ipr, [], routes=False)[3])}))
 """
 
 
@@ -48,6 +54,7 @@ def test_the_dumps_at_once_are_the_synchronous_calls_messages(netns: Netns) -> N
                  "priority", str(600 + i))
     got = json.loads(netns.exec(sys.executable, "-c", SCRIPT).stdout)
     assert got["once"] == got["sync"] == got["plain"]
-    addrs, rules, routes = got["once"]
+    links, addrs, rules, routes = got["once"]
+    assert set(links) == {"d0", "d3"} and got["missing"] == [None, None]
     assert len(addrs) >= 8 and len(rules) >= 7 and len(routes) >= 8, got["once"]
     assert got["no_routes"] == 0
