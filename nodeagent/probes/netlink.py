@@ -10,7 +10,7 @@ import errno
 import functools
 import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,55 +168,13 @@ def _read_sysctls(rails: list[Rail], procfs_root: Path, sysctl_keys: dict[str, l
             for n, v in got.items()}
 
 
-Messages = tuple[dict[str, Any], list[Any], list[Any], list[Any]]
-
-
-def _link(msgs: Any) -> Any:
-    return next(iter(msgs), None)
-
-
-def _missing_is_none(get: Any, ifname: str) -> list[Any]:
+def _missing_is_none(get: Any, ifname: str) -> Any:
     try:
-        return list(get("get", ifname=ifname, ext_mask=RTEXT_FILTER_SKIP_STATS))
+        return next(iter(get("get", ifname=ifname, ext_mask=RTEXT_FILTER_SKIP_STATS)), None)
     except NetlinkError as exc:
         if exc.code != errno.ENODEV:
             raise
-        return []
-
-
-def _dumps(ipr: Any, interfaces: list[str], routes: bool) -> Messages:
-    """Each interface's link (None when there is none), every address, the IPv4 rules and
-    (when asked) the IPv4 routes.
-
-    pyroute2 0.9's IPRoute is a synchronous face over its AsyncIPRoute (`asyncore`) that
-    runs the event loop once per request and once per message of a dump: 24 runs in one
-    rail's pass, about a third of the CPU of its netlink reads. Asked on that loop in one
-    run instead, the messages are the same and cost about 30 % less (the three dumps of 80
-    messages: 7.0 against 10.5 ms of CPU, measured). An IPRoute without that face
-    (another release) is asked the synchronous way."""
-    core, run = getattr(ipr, "asyncore", None), getattr(ipr, "_run_with_cleanup", None)
-    if core is None or run is None:
-        return ({i: _link(_missing_is_none(ipr.link, i)) for i in interfaces},
-                list(ipr.get_addr()), list(ipr.get_rules(family=socket.AF_INET)),
-                list(ipr.get_routes(family=socket.AF_INET)) if routes else [])
-
-    async def link(ifname: str) -> Any:
-        try:
-            return _link(await core.link("get", ifname=ifname,
-                                         ext_mask=RTEXT_FILTER_SKIP_STATS))
-        except NetlinkError as exc:
-            if exc.code != errno.ENODEV:
-                raise
-            return None
-
-    async def collect() -> Messages:
-        links = {i: await link(i) for i in interfaces}
-        addrs = [m async for m in await core.get_addr()]
-        rules = [m async for m in await core.get_rules(family=socket.AF_INET)]
-        got = [m async for m in await core.get_routes(family=socket.AF_INET)] if routes else []
-        return links, addrs, rules, got
-
-    return run(collect)  # type: ignore[no-any-return]
+        return None
 
 
 @dataclass
@@ -225,33 +183,80 @@ class _Dumps:
     object kind, whatever the number of rails. (A dump of every link on a node with many
     pods' interfaces cost 8x more, an event pass for one rail ~20x; pyroute2 filters route
     dumps by table in user space, so a dump per rail's table was a dump of every route each
-    time.)"""
+    time.) Each message is made a typed value as it arrives and let go: holding a pass's
+    raw messages to the end made every generation-2 collection during a pass 2-3x longer."""
 
-    links: dict[str, LinkState]
-    addresses: dict[int, list[AddressInfo]]
-    routes: dict[int, list[RouteInfo]]
-    rules: list[RuleInfo]
+    tables: frozenset[int]
+    links: dict[str, LinkState] = field(default_factory=dict)
+    addresses: dict[int, list[AddressInfo]] = field(default_factory=dict)
+    routes: dict[int, list[RouteInfo]] = field(default_factory=dict)
+    rules: list[RuleInfo] = field(default_factory=list)
+
+    def link(self, name: str, msg: Any) -> None:
+        if msg is not None:
+            self.links[name] = link_from_msg(msg)
+
+    def addr(self, msg: Any) -> None:
+        info = _addr_from_msg(msg)
+        if info is not None:
+            self.addresses.setdefault(int(msg["index"]), []).append(info)
+
+    def rule(self, msg: Any) -> None:
+        self.rules.append(_rule_from_msg(msg))
+
+    def route(self, msg: Any) -> None:
+        a = _attrs(msg, _ROUTE)
+        table = _route_table(msg, a)
+        if table in self.tables:  # most routes are other tables' (local, main)
+            self.routes.setdefault(table, []).append(_route_from_msg(msg, a))
 
     @classmethod
     def read(cls, ipr: Any, rails: list[Rail]) -> _Dumps:
-        tables = {rail.table for rail in rails if rail.table is not None}
-        link_msgs, addr_msgs, rule_msgs, route_msgs = _dumps(
-            ipr, list(dict.fromkeys(r.interface for r in rails)), routes=bool(tables))
-        links = {name: link_from_msg(m) for name, m in link_msgs.items() if m is not None}
-        addrs: dict[int, list[AddressInfo]] = {}
-        for msg in addr_msgs:
-            info = _addr_from_msg(msg)
-            if info is not None:
-                addrs.setdefault(int(msg["index"]), []).append(info)
-        rules = [_rule_from_msg(m) for m in rule_msgs]
-        routes: dict[int, list[RouteInfo]] = {}
-        if tables:
-            for msg in route_msgs:
-                a = _attrs(msg, _ROUTE)
-                table = _route_table(msg, a)
-                if table in tables:  # most routes are other tables' (local, main)
-                    routes.setdefault(table, []).append(_route_from_msg(msg, a))
-        return cls(links, addrs, routes, rules)
+        """Each rail's link, every address, the IPv4 rules and (with a table) the IPv4
+        routes.
+
+        pyroute2 0.9's IPRoute is a synchronous face over its AsyncIPRoute (`asyncore`)
+        that runs the event loop once per request and once per message of a dump: 24 runs
+        in one rail's pass, about a third of the CPU of its netlink reads. Asked on that
+        loop in one run instead, the messages are the same and cost about 30 % less (the
+        three dumps of 80 messages: 7.0 against 10.5 ms of CPU, measured). An IPRoute
+        without that face (another release) is asked the synchronous way."""
+        out = cls(frozenset(r.table for r in rails if r.table is not None))
+        names = list(dict.fromkeys(r.interface for r in rails))
+        core, run = getattr(ipr, "asyncore", None), getattr(ipr, "_run_with_cleanup", None)
+        if core is None or run is None:
+            for name in names:
+                out.link(name, _missing_is_none(ipr.link, name))
+            for msg in ipr.get_addr():
+                out.addr(msg)
+            for msg in ipr.get_rules(family=socket.AF_INET):
+                out.rule(msg)
+            for msg in ipr.get_routes(family=socket.AF_INET) if out.tables else ():
+                out.route(msg)
+            return out
+
+        async def link(ifname: str) -> Any:
+            try:
+                return next(iter(await core.link("get", ifname=ifname,
+                                                 ext_mask=RTEXT_FILTER_SKIP_STATS)), None)
+            except NetlinkError as exc:
+                if exc.code != errno.ENODEV:
+                    raise
+                return None
+
+        async def collect() -> None:
+            for name in names:
+                out.link(name, await link(name))
+            async for msg in await core.get_addr():
+                out.addr(msg)
+            async for msg in await core.get_rules(family=socket.AF_INET):
+                out.rule(msg)
+            if out.tables:
+                async for msg in await core.get_routes(family=socket.AF_INET):
+                    out.route(msg)
+
+        run(collect)
+        return out
 
     def of(self, rail: Rail, sysctls: dict[str, str | None]) -> RailObservation:
         link = self.links.get(rail.interface)

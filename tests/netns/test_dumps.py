@@ -1,23 +1,26 @@
 """The pass's netlink reads (each rail's link, then three dumps) run on pyroute2's event loop
-at once (probes/netlink.py `_dumps`): the same messages as pyroute2's synchronous calls,
-on a real kernel, a missing link None, and the same again through the synchronous
-fallback for an IPRoute without its async face."""
+at once (probes/netlink.py `_Dumps.read`): on a real kernel, the same typed values as
+through pyroute2's synchronous calls (the fallback for an IPRoute without its async
+face), a missing link absent."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from tests.kit.helpers import Netns
 
 SCRIPT = """
-import json, socket
+import json
+from dataclasses import asdict
 from pyroute2 import IPRoute
-from nodeagent.probes.netlink import _dumps
+from nodeagent.config import parse_config
+from nodeagent.probes.netlink import _Dumps
 
-def shape(msgs):
-    return [(m["header"]["type"], m["index"] if "index" in m else None,
-             sorted((a[0], str(a[1])) for a in m["attrs"] if a[0] != "IFA_CACHEINFO"))
-            for m in msgs]
+cfg = parse_config({"rails": [
+    {"name": f"rail{i}", "interface": f"d{i}", "address": f"10.6{i}.0.5/24",
+     "table": 600 + i} for i in range(4)] + [
+    {"name": "gone", "interface": "missing", "address": "10.70.0.5/24"}]})
 
 class Plain:  # an IPRoute without the async face: only the synchronous calls
     def __init__(self, ipr): self._ipr = ipr
@@ -26,25 +29,21 @@ class Plain:  # an IPRoute without the async face: only the synchronous calls
             raise AttributeError(name)
         return getattr(self._ipr, name)
 
+def typed(d):
+    return {"links": {n: l.index for n, l in d.links.items()},
+            "addresses": {str(k): [asdict(a) for a in v] for k, v in d.addresses.items()},
+            "routes": {str(k): [asdict(r) for r in v] for k, v in d.routes.items()},
+            "rules": [asdict(r) for r in d.rules]}
+
 with IPRoute() as ipr:
-    names = ["d0", "d3", "missing"]
-    sync = ({n: [m["index"] for m in ipr.link("get", ifname=n)] for n in names[:2]},
-            list(ipr.get_addr()), list(ipr.get_rules(family=socket.AF_INET)),
-            list(ipr.get_routes(family=socket.AF_INET)))
-    once, plain = _dumps(ipr, names, routes=True), _dumps(Plain(ipr), names, routes=True)
-    def links(got):
-        return {n: [m["index"]] for n, m in got[0].items() if m is not None}
-    print(json.dumps({"sync": [sync[0], *(shape(x) for x in sync[1:])],
-                      "once": [links(once), *(shape(x) for x in once[1:])],
-                      "plain": [links(plain), *(shape(x) for x in plain[1:])],
-                      "missing": [once[0]["missing"], plain[0]["missing"]],
-                      "no_routes": len(_dumps(ipr, [], routes=False)[3])}))
+    once, plain = _Dumps.read(ipr, list(cfg.rails)), _Dumps.read(Plain(ipr), list(cfg.rails))
+    untabled = _Dumps.read(ipr, [cfg.rails[4]])
+    print(json.dumps({"once": typed(once), "plain": typed(plain),
+                      "untabled_routes": len(untabled.routes)}))
 """
 
 
-def test_the_dumps_at_once_are_the_synchronous_calls_messages(netns: Netns) -> None:
-    import json
-
+def test_the_reads_at_once_are_the_synchronous_calls_values(netns: Netns) -> None:
     for i in range(4):  # enough of each kind that a dump is several messages
         netns.veth(f"d{i}", f"e{i}")
         netns.ip("link", "set", f"d{i}", "up")
@@ -53,8 +52,9 @@ def test_the_dumps_at_once_are_the_synchronous_calls_messages(netns: Netns) -> N
         netns.ip("rule", "add", "from", f"10.6{i}.0.5", "table", str(600 + i),
                  "priority", str(600 + i))
     got = json.loads(netns.exec(sys.executable, "-c", SCRIPT).stdout)
-    assert got["once"] == got["sync"] == got["plain"]
-    links, addrs, rules, routes = got["once"]
-    assert set(links) == {"d0", "d3"} and got["missing"] == [None, None]
-    assert len(addrs) >= 8 and len(rules) >= 7 and len(routes) >= 8, got["once"]
-    assert got["no_routes"] == 0
+    once = got["once"]
+    assert once == got["plain"]
+    assert set(once["links"]) == {"d0", "d1", "d2", "d3"}, "the missing link is absent"
+    assert sum(len(v) for v in once["addresses"].values()) >= 4
+    assert set(once["routes"]) == {"600", "601", "602", "603"}, once["routes"]
+    assert len(once["rules"]) >= 7 and got["untabled_routes"] == 0
