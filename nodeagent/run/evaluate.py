@@ -495,10 +495,12 @@ class Evaluator:
         now = self.clock()
         overdue = self._lent_overdue(now)
         judged = self.facts(overdue)
-        cfg = self.judged_config(overdue, self.store.leaving.waiting(now))
+        leaving = self.store.leaving.waiting(now)
+        cfg = self.judged_config(overdue, leaving)
         report = judge_pass(cfg, judged, [*repairs.errors, *unreadable, *self.keeper.problems],
                             repairs.texts())
         self._say_lent(report, overdue)
+        self._say_leaving(report, leaving)
         self.gid_verdict = judged.derive(gid_verdict, cfg)  # the judge's, not again
         self.repins.settled(self.gid_verdict.shifts)
         return report
@@ -542,6 +544,14 @@ class Evaluator:
         words = "; ".join(self._lent_words(r, age, held, now) for r, age, held in lent)
         report.findings = [replace(f, message=f"{f.message}; {words}" if f.message else words)
                            if f.type == ROCE_NETWORK_READY else f for f in report.findings]
+
+    def _say_leaving(self, report: Report, leaving: Iterable[str]) -> None:
+        """A rail whose netdev just vanished keeps its row (its name and interface, nothing
+        judged) while the kernel's word is awaited: a reader of the status file (preflight,
+        `status`) never finds a configured rail gone from it for those milliseconds."""
+        shown = {r.name for r in report.rails}
+        report.rails.extend(RailStatus(r.name, r.interface) for r in self.cfg.rails
+                            if r.name in leaving and r.name not in shown)
 
     def _lent_words(self, rail: Rail, age: float, held: Lending | None, now: float) -> str:
         if held is None:
