@@ -118,11 +118,8 @@ def preflight_arguments(p: argparse.ArgumentParser) -> None:
 def port(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 65535:
-        raise ValueError(text)  # argparse: "invalid port value: '70000'"
+        raise ValueError(text)  # argparse names the function: "invalid port value: '70000'"
     return value
-
-
-port.__name__ = "port"  # named in argparse's message
 
 
 def ipv4(text: str) -> str:
