@@ -108,15 +108,23 @@ def until_condition(vm: VM, want: tuple[str, str], within: float, what: str,
                     ctype: str = PEERS) -> float:
     """Seconds until the status file shows `want` for `ctype` (the status and message last
     seen are in the failure)."""
+    return until_seen(vm, want, within, what, ctype)[0]
+
+
+def until_seen(vm: VM, want: tuple[str, str], within: float, what: str,
+               ctype: str) -> tuple[float, str]:
+    """Seconds until the status file shows `want` for `ctype`, and that read's message: a
+    second read may already say something else (a window moves on)."""
     started = time.monotonic()
-    while (seen := condition(vm, ctype)) != want:
+    while True:
+        seen = next((c for c in status(vm).get("conditions", []) if c["type"] == ctype), {})
+        if (seen.get("status"), seen.get("reason")) == want:
+            return time.monotonic() - started, str(seen["message"])
         if time.monotonic() - started > within:
-            message = next((c["message"] for c in status(vm).get("conditions", [])
-                            if c["type"] == ctype), "")
-            raise AssertionError(f"timed out after {within}s waiting for {what}: {seen} "
-                                 f"{message}")
+            raise AssertionError(f"timed out after {within}s waiting for {what}: "
+                                 f"{seen.get('status')} {seen.get('reason')} "
+                                 f"{seen.get('message', '')}")
         time.sleep(0.2)
-    return time.monotonic() - started
 
 
 def fabric_message(vm: VM) -> str:
@@ -312,11 +320,6 @@ def job_result(out: str) -> dict[str, Any]:
     return got
 
 
-def traffic_message(vm: VM) -> str:
-    return next((c["message"] for c in status(vm).get("conditions", [])
-                 if c["type"] == TRAFFIC), "")
-
-
 def until_traffic(vm: VM, want: tuple[str, str], within: float, what: str) -> float:
     return until_condition(vm, want, within, what, ctype=TRAFFIC)
 
@@ -365,8 +368,9 @@ def test_4h_a_real_jobs_silent_tcp_fallback_is_named_and_forced_onto_ucx_it_uses
     assert rc == 0 and job_result(out)["ok"], out[-3000:]
     assert "rc_verbs" not in out, out[-3000:]
     for vm, rail in ((a, "fab0 ens6"), (b, "fab0 ens4")):
-        until_traffic(vm, ("False", "TrafficNotOnFabric"), 60, "the TCP fallback named")
-        message = traffic_message(vm)
+        # The message of the read that saw the verdict: the job's bytes leave the window.
+        _, message = until_seen(vm, ("False", "TrafficNotOnFabric"), 60,
+                                "the TCP fallback named", TRAFFIC)
         # Only the agents' own probes moved RDMA meanwhile, and they are counted out.
         assert f"{rail}: " in message and "over RDMA (the agent's probes: at most" in message, \
             message
