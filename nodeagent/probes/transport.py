@@ -23,7 +23,7 @@ from nodeagent.model.peers import TransportResult
 from nodeagent.model.peers import TransportStep as Step
 from nodeagent.model.rdma import RDMAVolume
 from nodeagent.probes.verbs import load as load_pyverbs
-from nodeagent.probes.volume import QP_TIMEOUT, RC_ATTEMPTS, RETRY_COUNT, rdma_send
+from nodeagent.probes.volume import RC_ATTEMPTS, rdma_send
 
 SIZE = 64  # bytes per latency message
 BURST = 16  # messages in flight in the bandwidth sample
@@ -124,9 +124,9 @@ def connect_rc(qp: Any, port: int, gid_index: int, remote_qpn: int, remote_gid: 
         qp.to_rtr(attr)
         step = Step.QP_RTS
         attr.sq_psn = local_psn
-        attr.timeout = QP_TIMEOUT
-        attr.retry_cnt = RETRY_COUNT
-        attr.rnr_retry = RETRY_COUNT
+        attr.timeout = 12  # 4.096 us * 2^12 = 17 ms per try
+        attr.retry_cnt = 3
+        attr.rnr_retry = 3
         attr.max_rd_atomic = 1
         qp.to_rts(attr)
     except Exception as exc:

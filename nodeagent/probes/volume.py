@@ -16,15 +16,10 @@ from nodeagent.model.rdma import RDMAVolume
 # Bytes a packet may carry besides its payload, rounded up: Ethernet 14 + IPv4 20 + UDP 8
 # + BTH 12 + RETH 16 + ICRC 4 + FCS 4 (the IB counters count fewer of them).
 HEADER = 128
-# The probes' RC QPs (probes/transport.py): a request not answered within QP_TIMEOUT
-# (4.096 us * 2^14 = 67 ms) is sent again, up to RETRY_COUNT times, as NCCL does
-# (src/transport/net_ib/connect.cc: IB_RETRY_CNT 7); all eight tries (0.54 s) fit in a
-# peer probe's 1 s. Three tries of 17 ms named a healthy peer in a starved guest "RoCE
-# fails" (lab 4g). A read's responder answers each copy: a busy host's probes that pass
-# may still have sent everything RC_ATTEMPTS times (seen in the lab under a TCP job).
-QP_TIMEOUT = 14
-RETRY_COUNT = 7
-RC_ATTEMPTS = 1 + RETRY_COUNT
+# A request not answered within the QP's timeout (17 ms: probes/transport.py) is sent again,
+# up to retry_cnt (3) times, and a read's responder answers each copy: a busy host's probes
+# that pass may still have sent everything four times (seen in the lab under a TCP job).
+RC_ATTEMPTS = 4
 
 
 def segments(size: int, mtu: int) -> int:

@@ -153,16 +153,16 @@ def test_one_probe_straddling_a_sample_is_allowed_and_no_more() -> None:
 
 
 def test_probe_volumes_are_bounds_of_the_probes_packets() -> None:
-    # Every request may go eight times (retry_cnt 7), and each copy is answered.
+    # Every request may go four times (retry_cnt 3), and each copy is answered.
     # A read of 64 bytes: a request and one response; the read of one path MTU: the same.
     assert peer.probe_volume(reads=1, mtu=1024) == RDMAVolume(
-        8 * (2 + 2), 8 * (4 * 128 + 64 + 1024))
+        4 * (2 + 2), 4 * (4 * 128 + 64 + 1024))
     # The sample: 32 reads of the 4 KiB buffer, at MTU 1024 a request and 4 responses each.
     sample = peer.probe_volume(reads=1, mtu=1024, bandwidth=True)
-    assert sample.packets - peer.probe_volume(reads=1, mtu=1024).packets == 8 * 32 * 5
+    assert sample.packets - peer.probe_volume(reads=1, mtu=1024).packets == 4 * 32 * 5
     # The transport probe's sends: each packet and its ACK, counted sent and received on
     # the one port: 100 small sends and 8 of 64 KiB at MTU 1024.
-    assert transport.probe_volume(100).packets == 8 * 2 * 2 * (100 + 8 * 64)
+    assert transport.probe_volume(100).packets == 4 * 2 * 2 * (100 + 8 * 64)
 
 
 def test_window_spans_exactly_the_configured_time() -> None:
