@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from nodeagent.cli.gang import MAX_GANG, CardServer, GangCard, barrier, run_gang
+from nodeagent.cli.gang import (
+    MAX_GANG,
+    CardServer,
+    GangCard,
+    barrier,
+    fetch_card,
+    run_gang,
+)
 from tests.kit.helpers import free_port
 
 
@@ -151,6 +158,32 @@ def test_a_rank_claimed_from_another_address_does_not_count() -> None:
         while (0, "127.0.0.1") not in server.claims and time.monotonic() < deadline:
             time.sleep(0.01)
         assert server.verified({0: frozenset({"127.0.0.1"})}) == {0}
+    finally:
+        server.stop()
+
+
+def test_done_said_by_a_stranger_or_in_other_words_does_not_count() -> None:
+    """"0 done" from an address pod 0's name does not resolve to, or a rank line with any
+    other word after the rank, is no pod 0 done with this one: it would leave while pod
+    0's second probe is on its way. Only the rank's own address saying done counts."""
+    port = free_port()
+    server = CardServer(GangCard(1, "gpu-1", ()), port, "127.0.0.2")
+    server.start()
+    pod0 = {0: frozenset({"127.0.0.1"})}
+    try:
+        for source, line in (("127.0.0.9", b"0 done\n"), ("127.0.0.1", b"0 done later\n"),
+                             ("127.0.0.1", b"0 DONE\n"), ("127.0.0.1", b"0\n")):
+            with socket.create_connection(("127.0.0.2", port),
+                                          source_address=(source, 0)) as s:
+                s.sendall(line)
+                assert s.recv(4096).startswith(b'{"index": 1')
+        deadline = time.monotonic() + 5
+        while (0, "127.0.0.1") not in server.claims and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.verified(pod0) == {0} and server.verified(pod0, done=True) == set()
+        assert (0, "127.0.0.9") in server.done_claims  # heard, not trusted
+        fetch_card("127.0.0.2", port, 0, source="127.0.0.1", done=True)
+        assert server.verified(pod0, done=True) == {0}
     finally:
         server.stop()
 

@@ -23,7 +23,15 @@ from nodeagent.checks.preflight import (
     device_problems,
     judge_preflight,
 )
-from nodeagent.cli.gang import CARD_MAX, CardServer, GangCard, barrier, fetch_card, run_gang
+from nodeagent.cli.gang import (
+    CARD_MAX,
+    CardServer,
+    GangCard,
+    barrier,
+    fetch_card,
+    probe_again_once_failed,
+    run_gang,
+)
 from nodeagent.cli.preflight import nccl_environment, peer_names, report, verdict_from_status
 from nodeagent.model.jobs import (
     AllocatedDevice,
@@ -35,6 +43,7 @@ from nodeagent.model.jobs import (
     VerbsDevice,
 )
 from nodeagent.model.kube import DeviceRef
+from nodeagent.model.peers import PeerOutcome, PeerProbe
 from nodeagent.probes.container import read_verbs_devices
 from tests.kit.helpers import free_port, wait_for
 
@@ -291,6 +300,27 @@ def test_a_gang_of_two_meets_then_probes_and_says_why_a_probe_could_not_run() ->
     assert results[1][0].startswith("gang: gpu-1 10.10.0.2 -> gpu-0 10.10.0.1 on rail0")
 
 
+@pytest.mark.parametrize("outcomes, want, made", [
+    ((PeerOutcome.ROCE_FAILED, PeerOutcome.OK), PeerOutcome.OK, 2),
+    ((PeerOutcome.MTU_FAILED, PeerOutcome.MTU_FAILED), PeerOutcome.MTU_FAILED, 2),
+    ((PeerOutcome.ROCE_FAILED, PeerOutcome.ROCE_FAILED, PeerOutcome.OK),
+     PeerOutcome.ROCE_FAILED, 2),
+    ((PeerOutcome.OK,), PeerOutcome.OK, 1),
+    ((PeerOutcome.NO_RESPONDER, PeerOutcome.OK), PeerOutcome.NO_RESPONDER, 1),
+    ((PeerOutcome.LOCAL, PeerOutcome.OK), PeerOutcome.LOCAL, 1)])
+def test_a_ring_probe_failing_over_roce_is_made_once_more(
+        outcomes: tuple[PeerOutcome, ...], want: PeerOutcome, made: int) -> None:
+    """Lab 4g: a healthy peer in a starved guest missed one probe's RC retries and the
+    gang was refused; a RoCE failure is probed again once (as the daemon needs two failed
+    probes in a row), anything else is the answer at once."""
+    left = list(outcomes)
+
+    def probe() -> PeerProbe:
+        return PeerProbe("rail0", "10.10.0.2", "gpu-1", left.pop(0))
+    assert probe_again_once_failed(probe).outcome == want
+    assert len(outcomes) - len(left) == made
+
+
 def test_a_gang_of_three_on_one_address_ends_when_done_not_at_its_deadline() -> None:
     """Three pods whose fetches all come from 127.0.0.1 (pods on one host's network): each
     knows the others have its card by their ranks, so all end long before the 120 s
@@ -319,7 +349,8 @@ def test_a_pod_stays_until_the_previous_one_has_seen_it_ready() -> None:
     hand, fetches pod 1's card before serving its own (so pod 1 cannot be ready yet), then
     looks for pod 1's ready card a second after pod 1 has its. Pod 1 must still be there to
     say it (bench/preflight.py's 8 pods on 2 cores hit it: pod 1 had ended, "its responder
-    was not up by the deadline (connection refused)")."""
+    was not up by the deadline (connection refused)"), and must stay until pod 0 says it
+    is done with it (pod 0 may probe it a second time)."""
     port, probe_port = free_port(), free_port()
     peers = ["127.0.0.1", "127.0.0.2"]
     results: list[list[str]] = []
@@ -343,6 +374,9 @@ def test_a_pod_stays_until_the_previous_one_has_seen_it_ready() -> None:
         wait_for(lambda: 1 in slow.fetched_by, 10, "pod 1 fetching pod 0's card")
         time.sleep(1.0)
         assert fetch_card(peers[1], port, 0).ready
+        time.sleep(1.0)
+        assert pod1.is_alive(), "pod 1 left before pod 0 was done with it"
+        fetch_card(peers[1], port, 0, done=True)
         pod1.join(10)
         assert not pod1.is_alive() and results == [[]]
     finally:
