@@ -49,6 +49,22 @@ def _attrs(msg: Any, wanted: frozenset[str]) -> dict[str, Any]:
     return {slot[0]: slot[1] for slot in msg.get("attrs") or () if slot[0] in wanted}
 
 
+def release(msg: Any) -> None:
+    """Let reference counting free a message read to the end: pyroute2 makes every message
+    and attribute a cycle (its `chain` lists itself; an address attribute holds its message
+    as `parent`), so each one lived until the cyclic collector came, which then scanned a
+    pass's thousands of them mid-pass: collections were a tenth of a pass's CPU and its
+    p99 (bench/check_pass.py). The message is not read again after this."""
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        m.chain = m.parent = None
+        for slot in dict.get(m, "attrs", None) or ():
+            cell = getattr(slot, "cell", None)
+            if cell is not None and isinstance(cell[1], dict):
+                stack.append(cell[1])
+
+
 def link_from_msg(msg: Any) -> LinkState:
     a = _attrs(msg, _LINK)
     return LinkState(
@@ -195,20 +211,24 @@ class _Dumps:
     def link(self, name: str, msg: Any) -> None:
         if msg is not None:
             self.links[name] = link_from_msg(msg)
+            release(msg)
 
     def addr(self, msg: Any) -> None:
         info = _addr_from_msg(msg)
         if info is not None:
             self.addresses.setdefault(int(msg["index"]), []).append(info)
+        release(msg)
 
     def rule(self, msg: Any) -> None:
         self.rules.append(_rule_from_msg(msg))
+        release(msg)
 
     def route(self, msg: Any) -> None:
         a = _attrs(msg, _ROUTE)
         table = _route_table(msg, a)
         if table in self.tables:  # most routes are other tables' (local, main)
             self.routes.setdefault(table, []).append(_route_from_msg(msg, a))
+        release(msg)
 
     @classmethod
     def read(cls, ipr: Any, rails: list[Rail]) -> _Dumps:

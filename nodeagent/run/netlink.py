@@ -24,7 +24,7 @@ from pyroute2.netlink.rtnl import (
 )
 
 from nodeagent.model.network import KernelEvent
-from nodeagent.probes.netlink import kernel_event
+from nodeagent.probes.netlink import kernel_event, release
 from nodeagent.remedies.repairs import Repairs
 from nodeagent.run.fastlane import FastLane
 from nodeagent.run.work import Deliver, EventsLost, NetlinkEvent
@@ -122,6 +122,7 @@ class NetlinkMonitor(threading.Thread):
                     continue
                 if event is not None:
                     self.deliver(NetlinkEvent(event, self._repair(event)))
+                release(msg)  # after the repair: it waits for nothing
         return False
 
 
