@@ -7,14 +7,13 @@ The barrier: each pod serves its card (index, node, rails: address, device, pinn
 index) as one JSON line on `port` to anyone who connects and says its rank, and fetches
 every other pod's card by its stable name (an Indexed Job's `<job>-<i>.<service>`, the
 headless Service publishing not-ready addresses) until it has them all or the deadline
-passes. Each pod
-then probes pod i+1 (mod n) on each rail, from the rail's address and pinned GID index to
-the neighbour's responder on `probe_port` (a probe that fails over RoCE is made again
-once: the daemon, too, calls a peer failing only after two failed probes in a row), says
-"done" to pod i+1 by fetching its card once more, and stays until its card has been
-fetched by every other pod and pod i-1 has said done (or the deadline), so no pod leaves
-before the others are done with it. A card is read bounded (4 KiB, 2 s); what does not parse is
-garbage, retried until the deadline and then named.
+passes. Each pod then probes pod i+1 (mod n) on each rail, from the rail's address and
+pinned GID index to the neighbour's responder on `probe_port` (a probe that fails over
+RoCE is made again once: the daemon, too, calls a peer failing only after two failed
+probes in a row), says "done" to pod i+1 by fetching its card once more, and stays until
+its card has been fetched by every other pod and pod i-1 has said done (or the
+deadline), so no pod leaves before the others are done with it. A card is read bounded
+(4 KiB, 2 s); what does not parse is garbage, retried until the deadline and then named.
 """
 
 from __future__ import annotations
