@@ -117,9 +117,9 @@ def _collector_after() -> Iterator[None]:
     """The cyclic collector held off until the pass is over. A pass makes a few thousand
     short-lived containers (netlink messages, typed values) that reference counting frees
     when it ends; a collection in the middle found them all alive, scanned them and
-    promoted them, so the next older generation's collections scanned them again: 2-8 ms
-    in 4 of 10 passes, the p99 of a 20 ms pass (bench/check_pass.py). After the pass the
-    young generation holds only what lives on, and collections go on as before."""
+    promoted them, so the next older generation's collections scanned them again (up to
+    5-10 ms inside a 20 ms pass: bench/check_pass.py). After the pass the young
+    generation holds only what lives on, and collections go on as before."""
     if not gc.isenabled():
         yield
         return
