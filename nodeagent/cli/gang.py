@@ -431,19 +431,28 @@ def run_gang(card: GangCard, peers: Sequence[str], port: int, probe_port: int,
             responder.join(timeout=5)
 
 
-def _until_ready(host: str, port: int, me: int, deadline: float, source: str | None,
-                 resolved: dict[str, list[str]]) -> list[Unfit]:
-    """The next pod's card until it says its responder is up."""
+def _fetch_until(host: str, port: int, me: int, deadline: float, source: str | None,
+                 resolved: dict[str, list[str]], done: bool = False) -> str | None:
+    """The next pod's card fetched until it says ready (or, with `done`, until one fetch
+    telling it so got through), or the deadline: None, or why not."""
     why = "not ready"
     while time.monotonic() < deadline:
         try:
             if fetch_card(host, port, me, deadline=deadline, source=source,
-                          resolved=resolved).ready:
-                return []
+                          resolved=resolved, done=done).ready or done:
+                return None
         except (OSError, ValueError) as exc:
             why = _words(exc)
         time.sleep(RETRY / 5)
-    return [Unfit("gang", f"{host}: its responder was not up by the deadline ({why})")]
+    return why
+
+
+def _until_ready(host: str, port: int, me: int, deadline: float, source: str | None,
+                 resolved: dict[str, list[str]]) -> list[Unfit]:
+    """The next pod's card until it says its responder is up."""
+    why = _fetch_until(host, port, me, deadline, source, resolved)
+    return [] if why is None else [
+        Unfit("gang", f"{host}: its responder was not up by the deadline ({why})")]
 
 
 def _say_done(host: str, port: int, me: int, deadline: float, source: str | None,
@@ -451,14 +460,8 @@ def _say_done(host: str, port: int, me: int, deadline: float, source: str | None
     """Tell the next pod this pod is done with it (a fetch with "done"), whatever this pod
     found: it stays for that or its own deadline. A few seconds' tries: one that has gone
     away needs no word, and this pod need not wait its deadline out for it."""
-    deadline = min(deadline, time.monotonic() + SAY_DONE_FOR)
-    while time.monotonic() < deadline:
-        try:
-            fetch_card(host, port, me, deadline=deadline, source=source, resolved=resolved,
-                       done=True)
-            return
-        except (OSError, ValueError):
-            time.sleep(RETRY / 5)
+    _fetch_until(host, port, me, min(deadline, time.monotonic() + SAY_DONE_FOR), source,
+                 resolved, done=True)
 
 
 def probe_again_once_failed(probe: Callable[[], PeerProbe],
