@@ -36,6 +36,7 @@ from nodeagent.probes.peerwire import (
     parse_reply,
 )
 from nodeagent.probes.transport import (
+    CompletionWait,
     ProbeFailed,
     completion_status,
     connect_rc,
@@ -217,8 +218,11 @@ def _read(end: RailEnd, qp: Any, accept: Accept, size: int, wr_id: int,
     wr.set_wr_rdma(accept.rkey, accept.addr)
     t0 = time.perf_counter()
     qp.post_send(wr)
+    wait = CompletionWait()
     while True:
         n, wcs = end.cq.poll(4)
+        if not n:
+            wait.idle()
         for wc in wcs[:n]:
             if wc.wr_id != wr_id or wc.qp_num != qp.qp_num:
                 continue  # an earlier read's or an earlier probe's late completion
@@ -240,6 +244,7 @@ def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: f
     size = accept.length
     posted = done = 0
     t0 = time.perf_counter()
+    wait = CompletionWait()
     while done < SAMPLE_READS:
         while posted < SAMPLE_READS and posted - done < DEPTH:
             wr = SendWR(wr_id=first_id + posted, opcode=e.IBV_WR_RDMA_READ, num_sge=1,
@@ -249,6 +254,10 @@ def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: f
             qp.post_send(wr)
             posted += 1
         n, wcs = end.cq.poll(DEPTH)
+        if n:
+            wait.progressed()
+        else:
+            wait.idle()
         for wc in wcs[:n]:
             if wc.qp_num != qp.qp_num or not first_id <= wc.wr_id < first_id + posted:
                 continue

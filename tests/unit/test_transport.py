@@ -6,7 +6,9 @@ QPs counted out of a re-pin."""
 from __future__ import annotations
 
 import os
+import types
 
+import pytest
 import pyverbs.enums as e
 from pyverbs.cq import WC
 
@@ -15,6 +17,7 @@ from nodeagent.config import parse_config
 from nodeagent.model.peers import TransportResult
 from nodeagent.model.rdma import QueuePair, QueuePairs
 from nodeagent.probes.transport import (
+    CompletionWait,
     address_vector,
     completion_status,
     gid_matches,
@@ -35,6 +38,34 @@ def test_completion_statuses_are_named_as_libibverbs_names_them() -> None:
         wc = WC(wr_id=1, status=status)  # a real pyverbs work completion
         assert completion_status(wc.status) == text
     assert completion_status(250) == "status 250"
+
+
+def test_a_completion_is_spun_for_then_napped_for_so_a_slow_path_costs_no_core(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A guest's 50 ms round trip once cost 50 ms of CPU a read (the prober spun on its
+    CQ): 30 % of a core for 2 rails x 4 peers in the lab."""
+    now = [0.0]
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr("nodeagent.probes.transport.time",
+                        types.SimpleNamespace(perf_counter=lambda: now[0], sleep=sleep))
+    wait = CompletionWait()
+    for _ in range(1000):  # polls within the spin: a fast RTT is read exactly
+        now[0] += 100e-9
+        wait.idle()
+    assert naps == []
+    now[0] = CompletionWait.SPIN
+    for _ in range(8):
+        wait.idle()
+    assert naps == [20e-6, 40e-6, 80e-6, 160e-6, 320e-6, 500e-6, 500e-6, 500e-6]
+    wait.progressed()  # a completion: the next is expected soon, spun for again
+    naps.clear()
+    wait.idle()
+    assert naps == []
 
 
 def test_every_qp_addresses_its_peer_as_nccl_does_hop_limit_255_in_its_class() -> None:
