@@ -47,6 +47,7 @@ MGMT_MAC = "52:54:00:00:00:01"
 RAIL_MACS = {"rail0": "52:54:00:00:01:01", "rail1": "52:54:00:00:01:02",
              "fab0": "52:54:00:00:01:03"}
 PEER_MAC = "52:54:00:00:02:01"  # the peer node's end of fab0
+FAB1_MACS = ("52:54:00:00:01:04", "52:54:00:00:02:02")  # a second wire's ends (lab, peer)
 # Run in the guest root at build time (chroot): the whole configuration of the image.
 CONFIGURE = f"""
 set -e
@@ -177,6 +178,10 @@ class VM:
     # `peer_of` set, connects to it as the peer node's only rail.
     fab_port: int = 0
     peer_of: int = 0
+    # A second wire between the two (bench/peers_cpu.py: two rails a node): the lab
+    # guest's ens7 listens on `fab1_port`, the peer node's ens5 connects to it.
+    fab1_port: int = 0
+    second_wire: bool = False
 
     @property
     def monitor_path(self) -> Path:
@@ -193,6 +198,9 @@ class VM:
         if self.peer_of:
             rails = ["-netdev", f"socket,id=fab0,connect=127.0.0.1:{self.peer_of}",
                      "-device", f"virtio-net-pci,netdev=fab0,mac={PEER_MAC}"]
+            if self.fab1_port:
+                rails += ["-netdev", f"socket,id=fab1,connect=127.0.0.1:{self.fab1_port}",
+                          "-device", f"virtio-net-pci,netdev=fab1,mac={FAB1_MACS[1]}"]
         else:
             self.fab_port = self.fab_port or _free_port()
             rails = [
@@ -202,6 +210,10 @@ class VM:
                 "-device", f"virtio-net-pci,netdev=rail1,mac={RAIL_MACS['rail1']}",
                 "-netdev", f"socket,id=fab0,listen=127.0.0.1:{self.fab_port}",
                 "-device", f"virtio-net-pci,netdev=fab0,mac={RAIL_MACS['fab0']}"]
+            if self.second_wire:
+                self.fab1_port = self.fab1_port or _free_port()
+                rails += ["-netdev", f"socket,id=fab1,listen=127.0.0.1:{self.fab1_port}",
+                          "-device", f"virtio-net-pci,netdev=fab1,mac={FAB1_MACS[0]}"]
         args = [
             "qemu-system-x86_64", *accel, "-m", "1024", "-smp", "2", "-display", "none",
             "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
@@ -391,10 +403,13 @@ def accelerator(image: Image, workdir: Path) -> str:
     return verdict
 
 
-def boot(image: Image, workdir: Path, peer_of: int = 0) -> VM:
+def boot(image: Image, workdir: Path, peer_of: int = 0, second_wire: bool = False,
+         fab1_port: int = 0) -> VM:
     """A running guest, with KVM when it works here, else TCG; with `peer_of`, the peer
-    node on the lab guest's fab0 wire (that guest's `fab_port`)."""
-    vm = VM(image, workdir / "vm", accel=accelerator(image, workdir), peer_of=peer_of)
+    node on the lab guest's fab0 wire (that guest's `fab_port`); `second_wire` gives the
+    lab guest a second wire (ens7), which a peer node joins with `fab1_port` (its ens5)."""
+    vm = VM(image, workdir / "vm", accel=accelerator(image, workdir), peer_of=peer_of,
+            second_wire=second_wire, fab1_port=fab1_port)
     try:
         vm.start(timeout=300)
     except BaseException:
