@@ -91,6 +91,9 @@ def rule_priorities(vm: VM) -> set[int]:
     return {r.get("priority") for r in json.loads(vm.ssh("ip -j rule show").stdout)}
 
 
+SETTLED = ("active", "failed", "inactive")  # a unit's ActiveStates that end a restart
+
+
 def restart_networkd(vm: VM, attempts: int = 3) -> None:
     """Restart systemd-networkd without holding an ssh session across it: the restart is
     queued (--no-block) and then polled with short commands, each of which reconnects if
@@ -111,7 +114,10 @@ def restart_networkd(vm: VM, attempts: int = 3) -> None:
         seen = f"exit {res.returncode}: {(res.stdout + res.stderr).strip()[-300:]!r}"
         lines = res.stdout.splitlines()
         pending = [line for line in lines[1:] if "networkd" in line]  # a job still queued
-        return lines[0].strip() if lines and not pending and res.returncode == 0 else None
+        state = lines[0].strip() if lines and res.returncode == 0 else ""
+        # "activating" with no job is systemd's own restart after a failed start (the
+        # unit's Restart=), seen in a rehearsal 3 s before networkd came up: still under way.
+        return state if state in SETTLED and not pending else None
 
     states: list[str] = []
     for _ in range(attempts):
