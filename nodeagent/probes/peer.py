@@ -221,8 +221,7 @@ def _read(end: RailEnd, qp: Any, accept: Accept, size: int, wr_id: int,
     wait = CompletionWait()
     while True:
         n, wcs = end.cq.poll(4)
-        if not n:
-            wait.idle()
+        wait.polled(n)
         for wc in wcs[:n]:
             if wc.wr_id != wr_id or wc.qp_num != qp.qp_num:
                 continue  # an earlier read's or an earlier probe's late completion
@@ -254,10 +253,7 @@ def _bandwidth(end: RailEnd, qp: Any, accept: Accept, first_id: int, deadline: f
             qp.post_send(wr)
             posted += 1
         n, wcs = end.cq.poll(DEPTH)
-        if n:
-            wait.progressed()
-        else:
-            wait.idle()
+        wait.polled(n)
         for wc in wcs[:n]:
             if wc.qp_num != qp.qp_num or not first_id <= wc.wr_id < first_id + posted:
                 continue

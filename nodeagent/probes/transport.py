@@ -51,17 +51,15 @@ class CompletionWait:
         self.started = time.perf_counter()
         self.nap = self.NAP_FIRST
 
-    def idle(self) -> None:
-        """After a poll that found nothing."""
-        if time.perf_counter() - self.started < self.SPIN:
-            return
-        time.sleep(self.nap)
-        self.nap = min(2 * self.nap, self.NAP_MAX)
-
-    def progressed(self) -> None:
-        """After a poll that found a completion: the next one is expected soon."""
-        self.started = time.perf_counter()
-        self.nap = self.NAP_FIRST
+    def polled(self, found: int) -> None:
+        """After each poll, with the number of completions it found: none, and the wait
+        goes on (spun, then napped); some, and the next is expected soon (spun for again)."""
+        if found:
+            self.started = time.perf_counter()
+            self.nap = self.NAP_FIRST
+        elif time.perf_counter() - self.started >= self.SPIN:
+            time.sleep(self.nap)
+            self.nap = min(2 * self.nap, self.NAP_MAX)
 
 
 def completion_status(status: int) -> str:
@@ -172,10 +170,7 @@ def _complete(cq: Any, want: set[int], deadline: float) -> None:
     wait = CompletionWait()
     while want:
         n, wcs = cq.poll(len(want) + 4)
-        if n:
-            wait.progressed()
-        else:
-            wait.idle()
+        wait.polled(n)
         for wc in wcs[:n]:
             if wc.status != 0:
                 raise ProbeFailed(Step.COMPLETION, f"{completion_status(wc.status)} "

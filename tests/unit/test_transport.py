@@ -56,15 +56,15 @@ def test_a_completion_is_spun_for_then_napped_for_so_a_slow_path_costs_no_core(
     wait = CompletionWait()
     for _ in range(1000):  # polls within the spin: a fast RTT is read exactly
         now[0] += 100e-9
-        wait.idle()
+        wait.polled(0)
     assert naps == []
     now[0] = CompletionWait.SPIN
     for _ in range(8):
-        wait.idle()
+        wait.polled(0)
     assert naps == [20e-6, 40e-6, 80e-6, 160e-6, 320e-6, 500e-6, 500e-6, 500e-6]
-    wait.progressed()  # a completion: the next is expected soon, spun for again
+    wait.polled(1)  # a completion: the next is expected soon, spun for again
     naps.clear()
-    wait.idle()
+    wait.polled(0)
     assert naps == []
 
 
