@@ -10,22 +10,16 @@ import time
 from pathlib import Path
 
 from nodeagent.model.peers import RailEndpoint
+from nodeagent.model.rdma import GidType
+from nodeagent.probes.gid import read_sysfs
 from nodeagent.run.responder import Responder, Served
 
 
 def ipv4_gid_index(device: str, address: str) -> int | None:
-    """The index of `address`'s RoCE v2 GID (::ffff:a.b.c.d) in the device's table."""
-    want = "0000:0000:0000:0000:0000:ffff:" + "".join(
-        f"{int(o):02x}" for o in address.split("."))
-    want = want[:-4] + ":" + want[-4:]
-    port = Path(f"/sys/class/infiniband/{device}/ports/1")
-    for gid in sorted((port / "gids").iterdir(), key=lambda p: int(p.name)):
-        try:
-            if (gid.read_text().strip() == want and (port / "gid_attrs" / "types" / gid.name)
-                    .read_text().strip() == "RoCE v2"):
-                return int(gid.name)
-        except OSError:
-            continue
+    """The index of `address`'s RoCE v2 GID in the device's table (the agent's reader)."""
+    for entry in read_sysfs(Path("/sys"), [device]).entries:
+        if entry.ipv4 == address and entry.gid_type == GidType.ROCE_V2:
+            return entry.index
     return None
 
 
