@@ -25,6 +25,7 @@ from nodeagent.config import (
     parse_config,
 )
 from nodeagent.io.files import describe_error, printable
+from nodeagent.io.lean_imports import iproute_without_ssl
 from nodeagent.publish.status import ConditionLine, StatusDocument
 
 EXIT_OK, EXIT_NOT_OK, EXIT_USAGE = 0, 1, 2
@@ -149,6 +150,7 @@ def _ipr() -> Any:
 
 
 def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
+    iproute_without_ssl()  # before the modules below import pyroute2
     from nodeagent.checks.facts import LustreSeen
     from nodeagent.remedies.repairs import Repairs
     from nodeagent.run.evaluate import Evaluator, fabric_pass
@@ -193,6 +195,7 @@ def cmd_check(args: argparse.Namespace, repair: bool = False) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    iproute_without_ssl()  # before the modules below import pyroute2
     from nodeagent.io.systemd import setup_logging
     from nodeagent.publish.status import AlreadyRunning, DaemonLock
     from nodeagent.run.agent import Agent

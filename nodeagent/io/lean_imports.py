@@ -48,3 +48,40 @@ def pyroute2_on_demand() -> None:
     package.__dict__["__getattr__"] = whole
     sys.modules["pyroute2"] = package
     import pyroute2.config.log  # noqa: F401  the one side effect of the real __init__: its logger
+
+
+def _ssl_on_first_use() -> types.ModuleType:
+    """A stand-in for `ssl` that imports the real module when one of its names is used."""
+    stand_in = types.ModuleType("ssl")
+
+    def real(name: str) -> Any:
+        return getattr(importlib.import_module("ssl"), name)
+
+    stand_in.__dict__["__getattr__"] = real
+    return stand_in
+
+
+def iproute_without_ssl() -> None:
+    """pyroute2's IPRoute imported without loading ssl (libssl and libcrypto: 1.2 MB of the
+    idle daemon's resident memory, for TLS it never speaks to the kernel).
+
+    pyroute2 0.9 runs its synchronous IPRoute on asyncio, whose modules take ssl when it
+    imports and None when it does not (Python built without it: asyncio's own supported
+    case, TLS transports refused); and one module of pyroute2 (probe_msg, for its TLS
+    probes) imports ssl with no fallback, so it gets a stand-in that loads the real module
+    on first use. Afterwards `import ssl` anywhere (the kubernetes client) loads it as
+    usual. Called by the commands that open netlink, never on a library import: a process
+    that already has ssl, or asyncio, keeps what it has.
+    """
+    if "ssl" in sys.modules or "asyncio" in sys.modules:
+        return
+    sys.modules["ssl"] = None  # type: ignore[assignment]  # None: "no such module"
+    try:
+        import asyncio  # noqa: F401
+    finally:
+        del sys.modules["ssl"]
+    sys.modules["ssl"] = _ssl_on_first_use()
+    try:
+        import pyroute2.iproute.linux  # noqa: F401
+    finally:
+        del sys.modules["ssl"]
