@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 from pathlib import Path
@@ -33,6 +34,41 @@ def test_the_gid_slot_source_delivers_a_move_and_nothing_else(tmp_path: Path) ->
         watcher.stop()
         watcher.join(timeout=5)
     assert not watcher.is_alive(), "stop() ends the source"
+
+
+def _open_fds() -> set[str]:
+    return {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+            if os.path.exists(f"/proc/self/fd/{fd}")}
+
+
+def test_the_gid_slot_source_sees_a_slot_replaced_or_removed_under_its_kept_file(
+    tmp_path: Path,
+) -> None:
+    """Each slot is kept open between turns; a fixture tree (or anything not sysfs) can
+    replace or unlink the file under it, and the source still sees the change. Its
+    descriptors are closed when the slot leaves the watch and when the source stops."""
+    sysfs = tmp_path / "sys"
+    make_gid_tree(sysfs, "mlx5_0", roce_entries("r0", "10.10.0.5"))
+    gids = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "gids"
+    got: queue.SimpleQueue[Work] = queue.SimpleQueue()
+    watcher = GidSlotWatcher(sysfs, got.put, interval=0.02)
+    watcher.retarget([("mlx5_0", 1, 3), ("mlx5_0", 1, 2)])
+    watcher.start()
+    try:
+        wait_for(lambda: {str(gids / "3"), str(gids / "2")} <= _open_fds(),
+                 what="both slots kept open")
+        new = tmp_path / "new"
+        new.write_text(gid_text("::ffff:10.10.0.77") + "\n")
+        os.replace(new, gids / "3")  # a new file at the path: the kept one is unlinked
+        assert isinstance(got.get(timeout=5), GidSlotsMoved)
+        (gids / "3").unlink()
+        assert isinstance(got.get(timeout=5), GidSlotsMoved)
+        watcher.retarget([("mlx5_0", 1, 3)])
+        wait_for(lambda: str(gids / "2") not in _open_fds(), what="slot 2 closed once unwatched")
+    finally:
+        watcher.stop()
+        watcher.join(timeout=5)
+    assert not any(p.startswith(str(gids)) for p in _open_fds()), "every slot closed at stop"
 
 
 def test_work_taken_during_a_pass_reaches_the_loop_in_order() -> None:
