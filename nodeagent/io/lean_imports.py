@@ -62,7 +62,7 @@ def _ssl_on_first_use() -> types.ModuleType:
 
 
 def iproute_without_ssl() -> None:
-    """pyroute2's IPRoute imported without loading ssl (libssl and libcrypto: 1.2 MB of the
+    """pyroute2's IPRoute imported without loading ssl (libssl and libcrypto: 2 MB of the
     idle daemon's resident memory, for TLS it never speaks to the kernel).
 
     pyroute2 0.9 runs its synchronous IPRoute on asyncio, whose modules take ssl when it

@@ -89,7 +89,7 @@ def test_event_driven_repair_of_every_drift(
     data = status_of(daemon_config)
     assert data is not None and data["daemon"]["passes"] > passes  # events, not resyncs
     # Repairs and passes over netlink with no kubernetes section: TLS never loaded
-    # (lean_imports.iproute_without_ssl; 1.2 MB of the idle daemon's memory).
+    # (lean_imports.iproute_without_ssl; 2 MB of the idle daemon's memory).
     maps = Path(f"/proc/{proc.pid}/maps").read_text()
     assert "libssl" not in maps and "_ssl." not in maps
     code, out = stop_daemon(proc)
