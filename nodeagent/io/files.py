@@ -112,13 +112,17 @@ def read_tail(path: str | os.PathLike[str], size: int) -> bytes:
         os.close(fd)
 
 
+def _attribute_text(data: bytes) -> str:
+    return data.decode("ascii", errors="replace").strip()
+
+
 def read_attribute(path: str | os.PathLike[str], dir_fd: int | None = None) -> str:
     """A sysfs or procfs attribute: a regular file read once, at most a page (the kernel
     shows an attribute in one page). Text, stripped; undecodable bytes replaced."""
     fd = open_counted(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         _require_regular(fd, path)
-        return os.read(fd, ATTRIBUTE_MAX).decode("ascii", errors="replace").strip()
+        return _attribute_text(os.read(fd, ATTRIBUTE_MAX))
     finally:
         os.close(fd)
 
@@ -141,7 +145,7 @@ class KeptAttribute:
             try:
                 data = os.pread(self._fd, ATTRIBUTE_MAX, 0)
                 if os.fstat(self._fd).st_nlink > 0:
-                    return data.decode("ascii", errors="replace").strip()
+                    return _attribute_text(data)
             except OSError:
                 pass
             self.close()
@@ -153,7 +157,7 @@ class KeptAttribute:
             os.close(fd)
             raise
         self._fd = fd
-        return data.decode("ascii", errors="replace").strip()
+        return _attribute_text(data)
 
     def close(self) -> None:
         if self._fd is not None:

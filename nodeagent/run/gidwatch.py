@@ -57,10 +57,9 @@ class GidSlotWatcher(Periodic):
         self.sysfs = sysfs
         self.deliver = deliver
         self.interval = interval
-        self._slots: frozenset[Slot] = frozenset()
-        self._paths: dict[Slot, str] = {}  # set by retarget (the loop's thread)
+        self._slots: frozenset[Slot] = frozenset()  # set by retarget (the loop's thread)
         self._readers: dict[Slot, KeptAttribute] = {}  # this thread's own
-        self._followed: dict[Slot, str] = {}
+        self._followed: frozenset[Slot] = frozenset()
         self._last: dict[Slot, str | None] = {}
         self._settle_until = 0.0
 
@@ -69,7 +68,6 @@ class GidSlotWatcher(Periodic):
         new = frozenset(slots)
         if new != self._slots:
             self._slots = new
-            self._paths = {s: slot_path(self.sysfs, s) for s in sorted(new)}
             self.wake()
 
     def settle(self) -> None:
@@ -80,21 +78,20 @@ class GidSlotWatcher(Periodic):
         try:
             super().run()
         finally:
-            self._follow({})
+            self._follow(frozenset())
 
-    def _follow(self, paths: dict[Slot, str]) -> None:
+    def _follow(self, slots: frozenset[Slot]) -> None:
         """The readers made to match the watched slots; those left are closed."""
-        if paths is self._followed:
+        if slots is self._followed:
             return
-        self._followed = paths
-        for slot in [s for s, r in self._readers.items() if paths.get(s) != r.path]:
+        self._followed = slots
+        for slot in [s for s in self._readers if s not in slots]:
             self._readers.pop(slot).close()
-        for slot, path in paths.items():
-            if slot not in self._readers:
-                self._readers[slot] = KeptAttribute(path)
+        for slot in sorted(slots - self._readers.keys()):
+            self._readers[slot] = KeptAttribute(slot_path(self.sysfs, slot))
 
     def turn(self) -> float:
-        self._follow(self._paths)
+        self._follow(self._slots)
         got = read_slots(self._readers)
         if any(self._last.get(s, v) != v for s, v in got.items()):
             self.deliver(GidSlotsMoved())
