@@ -10,6 +10,7 @@ the verbs' (measure those in the lab).
 Goals: local-only <= 45 MB; with kubernetes <= 60 MB; CPU <= 0.2 % of a core; peers add
 <= 0.1 % of a core.
 Usage: sudo .venv/bin/python bench/idle.py [--seconds 60] [--kubernetes] [--peers 4]
+       [--other-devices 16] [--resync 3600]
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pathlib import Path
 
 import yaml
 from common import make_rails, reexec_in_netns
+
+from tests.kit.helpers import make_gid_tree, roce_entries
 
 
 def cpu_seconds(pid: int) -> float:
@@ -48,10 +51,21 @@ def main() -> None:
     ap.add_argument("--kubernetes", action="store_true",
                     help="publish to a real apiserver as well (conditions, taint, Lease)")
     ap.add_argument("--peers", type=int, default=0, help="static peers per rail")
+    ap.add_argument("--other-devices", type=int, default=0,
+                    help="RDMA devices no rail uses (a node's VFs lent to pods, a storage HCA), "
+                         "each with a full GID table")
+    ap.add_argument("--resync", type=float, default=None,
+                    help="resync_interval in seconds (default: the daemon's 30 s); a long one "
+                         "leaves the resync's share out of the figure")
     args = ap.parse_args()
     reexec_in_netns()
     tmp = Path(tempfile.mkdtemp(prefix="nodeagent-bench-"))
     data = make_rails(args.rails, tmp)
+    for j in range(args.other_devices):
+        make_gid_tree(tmp / "sys", f"mlx5_{args.rails + j}",
+                      roce_entries(f"vf{j}", f"10.200.{j}.5"), slots=255)
+    if args.resync is not None:
+        data["resync_interval"] = args.resync
     server = None
     if args.peers:
         data["peers"] = {"static": {r["name"]: [
@@ -98,6 +112,8 @@ def main() -> None:
     kind = "with a kubernetes section" if args.kubernetes else "local-only"
     if args.peers:
         kind += f", {args.peers} peers per rail"
+    if args.other_devices:
+        kind += f", {args.other_devices} RDMA devices no rail uses"
     print(f"idle daemon ({kind}), {args.rails} healthy rails, {t1 - t0:.0f} s, resync every "
           f"{data.get('resync_interval', 30)} s, {passes} passes while measured")
     print(f"RSS {rss_mb_str(peak)} peak; CPU {100 * (cpu1 - cpu0) / (t1 - t0):.3f} % of a "
