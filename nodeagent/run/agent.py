@@ -456,7 +456,7 @@ class Agent:
         """Run what the plan asks; True when it was the resync."""
         assert self.evaluator is not None
         if plan.full:
-            self.evaluator.mark_gid_stale(everywhere=True)  # resync: read it all
+            self.evaluator.mark_gid_stale()  # resync: the rails' tables again
             self.run_pass(None, early)
             return True
         if plan.rails:

@@ -161,12 +161,11 @@ def _fabric_pass(evaluator: Evaluator, rails: Iterable[str] | None, repair: bool
 
 @dataclass
 class Due:
-    """When each fact besides the rails' netlink state is to be read again. The whole GID
-    table is read only when it may have changed: at first, at resync and after an overflow
-    (everywhere), after an address or link event or a repair on a rail, or when a watched
-    slot changed (the rails' devices)."""
+    """When each fact besides the rails' netlink state is to be read again. The rails' GID
+    tables are read only when they may have changed: at first, at resync and after an
+    overflow, after an address or link event or a repair on a rail, or when a watched slot
+    changed."""
 
-    gid_everywhere: bool = True
     gid_rails: bool = True
     gid_unsettled: bool = False  # changed with no event: read until two reads agree
     counters_at: float | None = None  # when the byte counters were last sampled
@@ -223,12 +222,11 @@ class Evaluator:
             elif rail.name in had and rail.name not in store.lent:
                 store.leaving.vanished(rail.name, now)
 
-    def mark_gid_stale(self, everywhere: bool = False, moved: bool = False) -> None:
-        """The GID table may have changed: read it again in the next pass (the rails'
-        devices, or every device). `moved`: a slot changed with no event (a driver
-        rewriting its table): read until two reads agree, never judge a half-written one."""
+    def mark_gid_stale(self, moved: bool = False) -> None:
+        """The rails' GID tables may have changed: read them again in the next pass.
+        `moved`: a slot changed with no event (a driver rewriting its table): read until two
+        reads agree, never judge a half-written one."""
         self.due.gid_rails = True
-        self.due.gid_everywhere = self.due.gid_everywhere or everywhere
         self.due.gid_unsettled = self.due.gid_unsettled or moved
 
     def _read_gid_table(self, devices: list[str] | None) -> GidTable:
@@ -386,23 +384,24 @@ class Evaluator:
 
     def observe_facts(self, full: bool = True) -> list[str]:
         """Refresh what is stale besides the rails' netlink state: the GID table (see
-        mark_gid_stale; unless `full`, only the devices the rails were last seen on, so a
-        device no rail uses cannot cost an event-driven pass anything, not even a stuck
-        read), the QPs while a GID is shifted, the byte counters (every pass that is full,
-        else at most once a second) and the hardware fingerprint. Returns the problems met
-        (unreadable facts), for the judgement."""
+        mark_gid_stale; only the devices the rails were last seen on, so a device no rail
+        uses (a VF, a storage HCA) costs no pass anything, not even a stuck read; every
+        device while a rail's GIDs are not found), the QPs while a GID is shifted, the byte
+        counters (every pass that is full, else at most once a second) and the hardware
+        fingerprint. Returns the problems met (unreadable facts), for the judgement."""
         cfg, store, due = self.cfg, self.store, self.due
         errors: list[str] = []
-        everywhere = full and due.gid_everywhere
-        if everywhere or due.gid_rails:
-            devices = None if everywhere else self._rail_devices()
+        if due.gid_rails:
             # Cleared before the read: a repair made while it waits (the daemon's deletions)
             # marks the table stale again for the next pass.
             due.gid_rails = False
-            if devices is None:
-                due.gid_everywhere = False
             started = time.perf_counter()
+            devices = self._rail_devices()
             store.gid_table = self._read_gid_table(devices)
+            if devices is not None and self._rail_devices() is None:
+                # A rail's GIDs left its device: look for them on every device now, not
+                # at the next resync.
+                store.gid_table = self._read_gid_table(None)
             self.timings["gid"] = time.perf_counter() - started
             for rail in cfg.rails:
                 entries = rail_entries(rail, store.gid_table)

@@ -326,10 +326,13 @@ def test_no_rails_is_not_configured() -> None:
     assert (verdict.finding.status, verdict.finding.reason) == ("True", "NotConfigured")
 
 
-def test_event_passes_read_only_the_rails_devices(tmp_path: Path, monkeypatch: Any) -> None:
-    """The table is read only when something says it may have changed; a device no rail
-    uses is read at full passes (to find rails that moved), never in the event-driven
-    ones: its stuck driver cannot cost them anything."""
+def test_only_the_rails_devices_are_read_until_a_rail_moves(tmp_path: Path,
+                                                            monkeypatch: Any) -> None:
+    """The table is read only when something says it may have changed, and then only the
+    rails' devices, at a resync as in an event-driven pass: a device no rail uses (a VF, a
+    storage HCA) costs no pass anything, not even its stuck driver. Every device is read
+    while a rail's device is not known, and at once in the pass that finds a rail's GIDs
+    gone from its device (they moved: found there, not a resync later)."""
     import nodeagent.run.evaluate as evaluate
 
     sysfs = tmp_path / "sys"
@@ -352,9 +355,19 @@ def test_event_passes_read_only_the_rails_devices(tmp_path: Path, monkeypatch: A
     ev.observe_facts(full=False)  # nothing said the table changed: nothing is read
     ev.mark_gid_stale()  # an address event, a repair or a watched slot
     ev.observe_facts(full=False)
-    ev.observe_facts(full=True)  # read everywhere since: a full pass reads nothing either
-    ev.mark_gid_stale(everywhere=True)  # the resync timer, an overflow
-    ev.observe_facts(full=False)  # an event pass still reads only the rails' device
+    ev.observe_facts(full=True)  # a full pass with nothing stale reads nothing either
+    ev.mark_gid_stale()  # the resync timer, an overflow
     ev.observe_facts(full=True)
+    assert seen == [None, ["mlx5_0"], ["mlx5_0"]]
+    assert {e.device for e in ev.store.gid_table.entries} == {"mlx5_0"}
+
+    # The rail's netdev now on another device (a reset that renamed it): its old device
+    # is read, the rail is not there, so every device is read in the same pass.
+    make_gid_tree(sysfs, "mlx5_0", roce_entries("gone", None))
+    make_gid_tree(sysfs, "mlx5_5", roce_entries("r0", "10.10.0.5"))
+    ev.mark_gid_stale()
+    ev.observe_facts(full=False)
+    assert ev.store.rail_seen["rail0"] == ("mlx5_5", 1)
+    ev.mark_gid_stale()
     ev.observe_facts(full=True)
-    assert seen == [None, ["mlx5_0"], ["mlx5_0"], None]
+    assert seen == [None, ["mlx5_0"], ["mlx5_0"], ["mlx5_0"], None, ["mlx5_5"]]
