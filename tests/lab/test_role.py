@@ -66,8 +66,11 @@ class Play:
         if start_at:
             args += ["--start-at-task", start_at]
         started = time.monotonic()
+        # A guard against a hung play, not a time limit: the first play in an emulated
+        # guest took 15 min on a fresh machine with the Go builds and the other guests
+        # beside it (its pip install alone 5.5 min), past the 900 s this guard had.
         res = subprocess.run([*args, str(ANSIBLE / "playbook.yml")], capture_output=True,
-                             text=True, env=env, cwd=ANSIBLE, timeout=900,
+                             text=True, env=env, cwd=ANSIBLE, timeout=2400,
                              stdin=subprocess.DEVNULL)
         out = res.stdout + res.stderr
         print(f"ansible-playbook: exit {res.returncode} in {time.monotonic() - started:.1f}s")
