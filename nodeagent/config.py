@@ -177,8 +177,10 @@ Text = Annotated[str, AfterValidator(_nonempty_text)]
 
 
 class _Strict(BaseModel):
-    # Unknown keys are errors: a typo must never silently disable a check.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown keys are errors: a typo must never silently disable a check. Built when first
+    # validated: Config's validator holds every section's, so a validator of each section
+    # of its own, built at import, was work no command used.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Paths(_Strict):
