@@ -286,7 +286,13 @@ class VM:
     def ssh(self, command: str, check: bool = True,
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
         dropped = False
-        for attempt in range(6):
+        # A guest that cannot be reached is tried again until the command's own timeout
+        # has passed, not a number of times: six tries (about 40 s) ran out on a guest
+        # starved by two others and the Go builds on a fresh machine, while networkd
+        # restarted its management link.
+        deadline = time.monotonic() + timeout
+        attempt = 0
+        while True:
             # A retry connects on its own: the master may be what failed.
             args = ["ssh", "-q", *self._ssh_options(direct=attempt > 0), "-p",
                     str(self.ssh_port), "root@127.0.0.1", command]
@@ -294,7 +300,8 @@ class VM:
                 # stdin a /dev/null of its own: ssh makes its stdin non-blocking, and a
                 # stdin shared with the process (the peer node's boot runs beside the
                 # role's test) made ansible-playbook refuse to start in CI.
-                res = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                res = subprocess.run(args, capture_output=True, text=True,
+                                     timeout=max(10.0, deadline - time.monotonic()),
                                      stdin=subprocess.DEVNULL)
             except subprocess.TimeoutExpired as exc:
                 if self.booted:
@@ -306,11 +313,12 @@ class VM:
                 return subprocess.CompletedProcess(args, 255, "", "timeout")
             # 255 with no output: ssh could not connect (e.g. networkd restarting the
             # management link): the command did not run, so it is safe to try again.
-            if res.returncode != 255 or res.stdout or attempt == 5:
+            if res.returncode != 255 or res.stdout or time.monotonic() >= deadline - 2:
                 break
             if self.booted and not dropped:
                 self._drop_master()
                 dropped = True
+            attempt += 1
             time.sleep(2)
         if dropped and res.returncode != 255:
             self.start_master()  # the guest answers again: commands share one connection
