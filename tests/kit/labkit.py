@@ -94,7 +94,7 @@ def rule_priorities(vm: VM) -> set[int]:
 SETTLED = ("active", "failed", "inactive")  # a unit's ActiveStates that end a restart
 
 
-def restart_networkd(vm: VM, attempts: int = 3) -> None:
+def restart_networkd(vm: VM, attempts: int = 3, fresh_socket: bool = False) -> None:
     """Restart systemd-networkd without holding an ssh session across it: the restart is
     queued (--no-block) and then polled with short commands, each of which reconnects if
     the management link was busy. A session held across the restart was seen to hang for
@@ -103,7 +103,15 @@ def restart_networkd(vm: VM, attempts: int = 3) -> None:
     time out (its bus connection not authenticated within 30 s, the start job's 90 s
     spent), and once a restart did not settle within 240 s at all (the last look's words
     were lost: they are kept now): either is tried again, up to `attempts` in all, and the
-    failure says what each attempt ended in."""
+    failure says what each attempt ended in.
+
+    networkd's netlink socket belongs to its socket unit (PID 1 holds it, 128 MB of receive
+    buffer) and a restart inherits whatever is queued on it. A networkd that fought the agent
+    over a rail both configure (scenario 2c's first half) was seen to send 65,535 address
+    requests in seconds (its own limit: "Failed to configure address: Numerical result out
+    of range"): 57 MB of answers queued, which the next networkd drained for minutes at 100 %
+    of an emulated CPU, past every restart's 240 s. `fresh_socket` (and every retry) kills
+    networkd and restarts its socket unit too, which drops that queue."""
     seen = "nothing yet"  # what the last look saw, for the failure
 
     def settled() -> str | None:
@@ -120,9 +128,15 @@ def restart_networkd(vm: VM, attempts: int = 3) -> None:
         return state if state in SETTLED and not pending else None
 
     states: list[str] = []
-    for _ in range(attempts):
-        vm.ssh("systemctl reset-failed systemd-networkd 2>/dev/null; "
-               "systemctl restart --no-block systemd-networkd")
+    for attempt in range(attempts):
+        if fresh_socket or attempt:
+            vm.ssh("systemctl kill -s KILL systemd-networkd; systemctl stop "
+                   "systemd-networkd.socket systemd-networkd 2>/dev/null; systemctl "
+                   "reset-failed systemd-networkd 2>/dev/null; systemctl start "
+                   "systemd-networkd.socket; systemctl start --no-block systemd-networkd")
+        else:
+            vm.ssh("systemctl reset-failed systemd-networkd 2>/dev/null; "
+                   "systemctl restart --no-block systemd-networkd")
         try:
             state = wait_for(settled, 240, "systemd-networkd's restart to settle")
         except AssertionError:  # a restart that never settled is tried again, like a failed one
