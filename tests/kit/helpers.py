@@ -233,8 +233,10 @@ def cpu_load(processes: int | None = None, seconds: float = 600) -> Iterator[Non
             proc.wait()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll until predicate() is truthy; fail with `what` after a generous deadline.
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+             interval: float = 0.02) -> Any:
+    """Poll until predicate() is truthy, `interval` seconds apart; fail with `what` after a
+    generous deadline.
 
     The deadline is a hang guard, not a performance assertion.
     """
@@ -244,7 +246,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "c
         last = predicate()
         if last:
             return last
-        time.sleep(0.02)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 

@@ -10,7 +10,6 @@ import random
 import threading
 import time
 
-from tests.kit.helpers import wait_for
 from tests.kit.labkit import (
     RAILS,
     addresses,
@@ -24,6 +23,7 @@ from tests.kit.labkit import (
     rule_priorities,
     start_agent,
     status,
+    wait_guest,
 )
 from tests.kit.vm import VM
 
@@ -32,16 +32,16 @@ from tests.kit.vm import VM
 
 def test_1a_address_readded_under_a_live_qp_moves_the_gid(guest: VM) -> None:
     guest.ssh("ip addr add 10.10.0.5/24 dev ens4")
-    before = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    before = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
     hold_qp(guest, "rxe0", before)
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4 && ip addr add 10.10.0.5/24 dev ens4")
-    after = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the GID back")
+    after = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the GID back")
     assert after != before, "the live QP keeps the old slot: the GID lands elsewhere"
 
 
 def test_1b_networkmanager_deconfigures_a_rail_without_carrier(guest: VM) -> None:
     nm_static(guest, "ens4", "10.10.0.5/24")
-    wait_for(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 30, "NM's address")
+    wait_guest(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 30, "NM's address")
     assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") is not None
     guest.set_link("rail0", False)
     time.sleep(10)
@@ -53,10 +53,10 @@ def test_1c_networkd_restart_flushes_a_foreign_rule(guest: VM) -> None:
     guest.write("/etc/systemd/network/20-rail0.network",
                 "[Match]\nName=ens4\n\n[Network]\nAddress=10.10.0.5/24\n")
     guest.ssh("networkctl reload && networkctl reconfigure ens4")
-    wait_for(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 30, "networkd's address")
+    wait_guest(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 30, "networkd's address")
     guest.ssh("ip rule add priority 1000 from 10.10.0.5 table 100")
     restart_networkd(guest)
-    wait_for(lambda: 1000 not in rule_priorities(guest), 20, "the foreign rule flushed")
+    wait_guest(lambda: 1000 not in rule_priorities(guest), 20, "the foreign rule flushed")
 
 
 # ---------------------------------------------------------------- 2. with the agent
@@ -79,12 +79,12 @@ def test_2_service_ready_only_after_the_first_pass_with_journal_fields(guest: VM
     assert addresses(guest, "ens4") == ["10.10.0.5/24"], "the agent configured the rail"
     assert condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned")
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
-    wait_for(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 10, "restored")
+    wait_guest(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 10, "restored")
     journal = guest.ssh("journalctl -u nodeagent -o json RAIL=rail0 --no-pager").stdout
     entries = [json.loads(line) for line in journal.splitlines() if line.strip()]
     assert any("repaired" in e.get("MESSAGE", "") and e.get("RAIL") == "rail0"
                for e in entries), journal[-2000:]
-    wait_for(lambda: condition(guest, "CustomChecksPassed") == ("True", "CustomChecksPassed"),
+    wait_guest(lambda: condition(guest, "CustomChecksPassed") == ("True", "CustomChecksPassed"),
              30, "the check's result")
     helpers = guest.ssh("pgrep -f '[s]leep 4321'", check=False).stdout.split()
     assert not helpers, f"the check's detached helper outlived it: {helpers}"
@@ -95,18 +95,18 @@ def test_2a_carrier_loss_keeps_address_and_gid(guest: VM) -> None:
     slowed past the pass's deadline keeps its last value, so RoCEGIDStable stays True for
     both rails (before, a slow pyverbs read made rail1's fact Unknown: a false taint)."""
     start_agent(guest)
-    index = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    index = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
     hold_qp(guest, "rxe0", index)
     busy_guest(guest)
     guest.set_link("rail0", False)
-    wait_for(lambda: condition(guest, "RoCENetworkReady")[1] == "NoCarrier", 15, "NoCarrier")
+    wait_guest(lambda: condition(guest, "RoCENetworkReady")[1] == "NoCarrier", 15, "NoCarrier")
     for _ in range(10):
         assert addresses(guest, "ens4") == ["10.10.0.5/24"]
         assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index
         assert condition(guest, "RoCEGIDStable")[0] == "True"
         time.sleep(1)
     guest.set_link("rail0", True)
-    wait_for(lambda: condition(guest, "RoCENetworkReady") == ("True", "RailsConfigured"), 20,
+    wait_guest(lambda: condition(guest, "RoCENetworkReady") == ("True", "RailsConfigured"), 20,
          "RoCENetworkReady back")
     assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index
     assert condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned")
@@ -118,13 +118,13 @@ def test_2b_address_deleted_under_a_live_qp_is_restored_the_shift_reported_then_
     # No resync in this test's lifetime: the shift must be seen from the address event and
     # the GID slots watched after it (the kernel moves the GID a moment after the event).
     start_agent(guest, resync_interval="1h")
-    index = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    index = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
     hold_qp(guest, "rxe0", index)
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
-    wait_for(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 10, "restored")
-    moved = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the GID back")
+    wait_guest(lambda: addresses(guest, "ens4") == ["10.10.0.5/24"], 10, "restored")
+    moved = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the GID back")
     assert moved != index
-    wait_for(lambda: condition(guest, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 20,
+    wait_guest(lambda: condition(guest, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 20,
          "the shift reported with no resync and no SIGHUP")
     message = next(c["message"] for c in status(guest)["conditions"]
                    if c["type"] == "RoCEGIDStable")
@@ -136,9 +136,9 @@ def test_2b_address_deleted_under_a_live_qp_is_restored_the_shift_reported_then_
         assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") == moved
     # The QP ends: the agent re-pins (address deleted and re-added) and the GID is home.
     guest.ssh("pkill -f '/root/guest/[q]p_holder'")
-    wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
+    wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
              "the GID back on its pinned index")
-    wait_for(lambda: condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned"), 20,
+    wait_guest(lambda: condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned"), 20,
              "RoCEGIDStable True again")
     assert addresses(guest, "ens4") == ["10.10.0.5/24"]
     assert 1000 in rule_priorities(guest)
@@ -157,36 +157,36 @@ def test_2f_transport_probe_over_each_rail_on_soft_roce(guest: VM) -> None:
     first: not ACTIVE is its own reason."""
     start_agent(guest, resync_interval="1h",
                 transport={"probe_interval": "2s", "messages": 50, "timeout": "5s"})
-    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+    wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
              120, "both rails verified")
     message = next(c["message"] for c in status(guest)["conditions"]
                    if c["type"] == "RDMATransportVerified")
     assert "rail0: 50 messages p50" in message and "rail1: 50 messages p50" in message
     print("transport probe on soft-RoCE (TCG guest):", message)
 
-    index = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    index = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
     hold_qp(guest, "rxe0", index)
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
-    wait_for(lambda: condition(guest, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
+    wait_guest(lambda: condition(guest, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
              "the shift")
-    wait_for(lambda: "rail0: not probed: its GID is off its pinned index" in next(
+    wait_guest(lambda: "rail0: not probed: its GID is off its pinned index" in next(
         (c["message"] for c in status(guest)["conditions"]
          if c["type"] == "RDMATransportVerified"), ""), 30, "rail0 left alone while shifted")
     guest.ssh("pkill -f '/root/guest/[q]p_holder'")
-    wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 60,
+    wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 60,
              "re-pinned while the probe runs every 2 s")
-    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+    wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
              60, "verified again after the re-pin")
 
     guest.set_link("rail1", False)
-    wait_for(lambda: condition(guest, "RDMATransportVerified")
+    wait_guest(lambda: condition(guest, "RDMATransportVerified")
              == ("False", "TransportPortNotActive"), 60, "the port's state named")
     text = next(c["message"] for c in status(guest)["conditions"]
                 if c["type"] == "RDMATransportVerified")
     assert "rail1: port failed: port 1 is Down (1), not ACTIVE" in text, text
     assert "rail0" not in text, text  # the message lists what failed; rail0 did not
     guest.set_link("rail1", True)
-    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+    wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
              60, "verified again with the carrier back")
 
 
@@ -199,11 +199,11 @@ def test_2g_transport_probe_of_an_observed_rail_whose_address_is_gone(guest: VM)
     guest.ssh("ip addr replace 10.10.0.5/24 dev ens4")  # the other tool's doing
     start_agent(guest, rails=rails, resync_interval="1h",
                 transport={"probe_interval": "2s", "messages": 20, "timeout": "5s"})
-    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+    wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
              120, "both rails verified")
-    index = wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
+    index = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
-    wait_for(lambda: condition(guest, "RDMATransportVerified")
+    wait_guest(lambda: condition(guest, "RDMATransportVerified")
              == ("False", "TransportGIDMismatch"), 60, "the probe's GID step named")
     text = next(c["message"] for c in status(guest)["conditions"]
                 if c["type"] == "RDMATransportVerified")
@@ -211,9 +211,9 @@ def test_2g_transport_probe_of_an_observed_rail_whose_address_is_gone(guest: VM)
     assert "rail1" not in text.split(";")[0], text
     assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") is None, "observed, never repaired"
     guest.ssh("ip addr add 10.10.0.5/24 dev ens4")
-    wait_for(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
+    wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
              "the GID back at its slot")
-    wait_for(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
+    wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
              60, "verified again")
 
 
@@ -222,10 +222,10 @@ def test_2c_networkd_restart_the_agent_restores_the_rules(guest: VM) -> None:
                 "[Match]\nName=ens4\n\n[Network]\nAddress=10.10.0.5/24\n")
     guest.ssh("networkctl reload && networkctl reconfigure ens4")
     start_agent(guest)
-    wait_for(lambda: 1000 in rule_priorities(guest), 10, "the agent's rule")
+    wait_guest(lambda: 1000 in rule_priorities(guest), 10, "the agent's rule")
     restart_networkd(guest)
     # networkd flushes foreign rules on restart (1c); the agent puts ours back at once.
-    wait_for(lambda: 1000 in rule_priorities(guest), 10, "the rule restored")
+    wait_guest(lambda: 1000 in rule_priorities(guest), 10, "the rule restored")
     # With the role's setting networkd leaves them alone.
     guest.write("/etc/systemd/networkd.conf.d/nodeagent.conf",
                 "[Network]\nManageForeignRoutingPolicyRules=no\nManageForeignRoutes=no\n")
@@ -256,11 +256,11 @@ def test_2_watchdog_restarts_a_wedged_agent(guest: VM) -> None:
     start_agent(guest)
     pid = guest.ssh("systemctl show -p MainPID --value nodeagent").stdout.strip()
     guest.ssh("systemctl kill -s SIGSTOP nodeagent")
-    wait_for(lambda: guest.ssh("systemctl show -p MainPID --value nodeagent").stdout.strip()
+    wait_guest(lambda: guest.ssh("systemctl show -p MainPID --value nodeagent").stdout.strip()
          not in (pid, "0"), 90, "a new agent process after the watchdog fired")
     log = guest.ssh("journalctl -u nodeagent --no-pager").stdout
     assert "Watchdog timeout" in log, log[-2000:]
-    wait_for(lambda: guest.ssh("systemctl is-active nodeagent", check=False).stdout.strip()
+    wait_guest(lambda: guest.ssh("systemctl is-active nodeagent", check=False).stdout.strip()
          == "active", 120, "active again")
 
 
@@ -274,7 +274,7 @@ def test_2e_kernel_traffic_is_told_from_rdma_traffic(guest: VM) -> None:
     # a neighbour nobody is: every frame leaves ens4, ens5 (another MAC) never counts it
     guest.ssh("ip neigh replace 10.10.0.99 lladdr 52:54:00:00:99:99 dev ens4 nud permanent")
     guest.ssh("nohup python3 /root/guest/udp_blast.py 10.10.0.99 600 > /dev/null 2>&1 &")
-    wait_for(lambda: condition(guest, "FabricTrafficOnRDMA") == ("False", "TrafficNotOnFabric"),
+    wait_guest(lambda: condition(guest, "FabricTrafficOnRDMA") == ("False", "TrafficNotOnFabric"),
              90, "TrafficNotOnFabric while only the kernel moves bytes")
     message = next(c["message"] for c in status(guest)["conditions"]
                    if c["type"] == "FabricTrafficOnRDMA")
@@ -285,7 +285,7 @@ def test_2e_kernel_traffic_is_told_from_rdma_traffic(guest: VM) -> None:
     guest.ssh(f"nohup {pingpong} > /root/pp-server.log 2>&1 &")
     time.sleep(1)
     guest.ssh(f"nohup {pingpong} 127.0.0.1 > /root/pp-client.log 2>&1 &")
-    wait_for(lambda: condition(guest, "FabricTrafficOnRDMA") == ("True", "TrafficOnFabric"), 90,
+    wait_guest(lambda: condition(guest, "FabricTrafficOnRDMA") == ("True", "TrafficOnFabric"), 90,
              "TrafficOnFabric once RDMA moves too")
     rail0 = next(r for r in status(guest)["rails"] if r["name"] == "rail0")
     assert rail0["rdma_tx_packets"] > 0 and rail0["rdma_tx_bytes"] is None, rail0
@@ -309,12 +309,12 @@ def test_3_soak_carrier_flaps_on_two_rails_under_live_qps(guest: VM) -> None:
     pins = {}
     for rail in ("rail0", "rail1"):
         device, ip = ("rxe0", "10.10.0.5") if rail == "rail0" else ("rxe1", "10.11.0.5")
-        pins[rail] = wait_for(lambda d=device, i=ip: ipv4_gid_index(guest, d, i), 10, "GID")
+        pins[rail] = wait_guest(lambda d=device, i=ip: ipv4_gid_index(guest, d, i), 10, "GID")
         hold_qp(guest, device, pins[rail])
     guest.ssh("nohup python3 /root/guest/gid_watch.py /root/gid-watch.log "
               f"rxe0:{pins['rail0']}:10.10.0.5 rxe1:{pins['rail1']}:10.11.0.5 "
               "> /root/gid-watch.out 2>&1 &")
-    wait_for(lambda: "watching" in guest.ssh("cat /root/gid-watch.out").stdout, 20, "watcher")
+    wait_guest(lambda: "watching" in guest.ssh("cat /root/gid-watch.out").stdout, 20, "watcher")
 
     # One timeline for both rails (one monitor connection: QEMU serves one client).
     rng = random.Random(4)
@@ -355,7 +355,7 @@ def test_3_soak_carrier_flaps_on_two_rails_under_live_qps(guest: VM) -> None:
     sampler.join(30)
 
     assert "LinkFlapping" in seen_flapping, seen_flapping
-    wait_for(lambda: condition(guest, "RoCENetworkReady") == ("True", "RailsConfigured"),
+    wait_guest(lambda: condition(guest, "RoCENetworkReady") == ("True", "RailsConfigured"),
              dwell + 60, "LinkFlapping cleared after the dwell")
     state = status(guest)
     losses = {r["name"]: r.get("carrier_losses_total") for r in state["rails"]}

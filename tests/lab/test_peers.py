@@ -22,14 +22,15 @@ from typing import Any
 
 import pytest
 
-from tests.kit.helpers import wait_for
 from tests.kit.labkit import (
+    GUEST_POLL,
     VENV,
     condition,
     hold_qp,
     ipv4_gid_index,
     start_agent,
     status,
+    wait_guest,
 )
 from tests.kit.vm import VM
 
@@ -130,7 +131,7 @@ def until_seen(vm: VM, want: tuple[str, str], within: float, what: str,
             raise AssertionError(f"timed out after {within}s waiting for {what}: "
                                  f"{seen.get('status')} {seen.get('reason')} "
                                  f"{seen.get('message', '')}")
-        time.sleep(0.2)
+        time.sleep(GUEST_POLL)
 
 
 def fabric_message(vm: VM) -> str:
@@ -153,14 +154,14 @@ def test_4a_healthy_both_ends_reach_the_other_with_rtt_figures(pair: tuple[VM, V
         # False): CI saw rxe's retries exceeded (17 ms x 4 tries) with three emulated guests
         # on 2 cores, just after both ends had reached the other. The healthy case is an ok
         # probe with its figures, waited for, not whichever probe was the latest.
-        got = wait_for(lambda v=vm: ok_figures(v), 60, "a probe that reached the peer")
+        got = wait_guest(lambda v=vm: ok_figures(v), 60, "a probe that reached the peer")
         assert got["address"] == peer, got
         assert got["rtt_p50_us"] > 0 and got["rtt_p99_us"] >= got["rtt_p50_us"], got
         assert got["mtu"] == 4096, got  # the port's active MTU: the rail at 4200
         # Every 5th probe takes the bandwidth sample (128 KiB of reads; under TCG one may
         # miss the probe's deadline and give no figure, the next one does). Six tries in
         # 30 s all missed once, three guests and Kueue's cold build on 2 cores: 90 s.
-        sampled = wait_for(lambda v=vm: peer_figures(v)["bandwidth_gbps"], 90,
+        sampled = wait_guest(lambda v=vm: peer_figures(v)["bandwidth_gbps"], 90,
                            "a bandwidth sample")
         assert sampled > 0, got
         assert "1 of 1 peers reached over RoCE" in peers_message(vm)
@@ -190,7 +191,7 @@ def test_4c_the_wire_cut_no_carrier_here_not_responding_there(pair: tuple[VM, VM
     a, b = pair
     both_reach_each_other(a, b)
     a.set_link("fab0", False)
-    wait_for(lambda: condition(a, "RoCENetworkReady") == ("False", "NoCarrier"), 30,
+    wait_guest(lambda: condition(a, "RoCENetworkReady") == ("False", "NoCarrier"), 30,
              "NoCarrier on the cut node")
     until_condition(b, ("Unknown", "PeerNotResponding"), 30, "the other end's verdict")
     assert "do not answer on TCP either" in peers_message(b)
@@ -218,13 +219,13 @@ def test_4d_a_path_that_drops_full_size_roce_frames_is_path_mtu(pair: tuple[VM, 
 def test_4e_the_peer_gid_moved_and_repinned_probes_recover(pair: tuple[VM, VM]) -> None:
     a, b = pair
     both_reach_each_other(a, b)
-    index = wait_for(lambda: ipv4_gid_index(b, "rxe0", "10.20.0.2"), 10, "B's GID")
+    index = wait_guest(lambda: ipv4_gid_index(b, "rxe0", "10.20.0.2"), 10, "B's GID")
     hold_qp(b, "rxe0", index)
     b.ssh("ip addr del 10.20.0.2/24 dev ens4")  # B's agent restores it: the GID moves
-    wait_for(lambda: condition(b, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
+    wait_guest(lambda: condition(b, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
              "B sees its GID shifted")
     b.ssh("pkill -f '/root/guest/[q]p_holder'")  # B re-pins
-    wait_for(lambda: condition(b, "RoCEGIDStable") == ("True", "GIDsPinned"), 60,
+    wait_guest(lambda: condition(b, "RoCEGIDStable") == ("True", "GIDsPinned"), 60,
              "B re-pinned")
     both_reach_each_other(a, b)  # no agent restarted on either end
 
@@ -256,7 +257,7 @@ def preflight_pair(a: VM, b: VM) -> dict[str, tuple[int, str]]:
           " >/dev/null 2>&1 </dev/null &")
     b.ssh("rm -f /tmp/preflight.*; " + run_b + "; echo $? > /tmp/preflight.rc",
           check=False, timeout=180)
-    wait_for(lambda: a.ssh("cat /tmp/preflight.rc", check=False).stdout.strip(), 120,
+    wait_guest(lambda: a.ssh("cat /tmp/preflight.rc", check=False).stdout.strip(), 120,
              "the first node's preflight")
     return {name: (int(vm.ssh("cat /tmp/preflight.rc").stdout), vm.ssh(
         "cat /tmp/preflight.log", check=False).stdout) for name, vm in (("lab", a), ("lab-b", b))}
@@ -451,7 +452,7 @@ def test_4j_a_dropped_lossless_class_is_named_where_class_0_alone_passes(
         both_reach_each_other(a, b)
         assert "fab0 class 104: 1 of 1 peers reached over RoCE" in peers_message(a)
         # Both classes' probes ok, waited for: one probe may fail on a starved pair (4a).
-        wait_for(lambda: {p["traffic_class"]: p["outcome"] for p in status(a)["rails"][0][
+        wait_guest(lambda: {p["traffic_class"]: p["outcome"] for p in status(a)["rails"][0][
             "peers"]} == {0: "ok", 104: "ok"}, 60, "an ok probe in each class")
         b.ssh("nft add table inet lab && nft add chain inet lab in '{ type filter hook input "
               "priority 0; }' && nft add rule inet lab in udp dport 4791 ip dscp 26 drop")
