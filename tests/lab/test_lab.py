@@ -319,10 +319,12 @@ def test_3_soak_carrier_flaps_on_two_rails_under_live_qps(guest: VM) -> None:
     # One timeline for both rails (one monitor connection: QEMU serves one client).
     rng = random.Random(4)
     timeline: list[tuple[float, str, bool]] = []
+    brief = {"rail0": 0, "rail1": 0}  # flaps an emulated guest may not see (below)
     for n, rail in enumerate(("rail0", "rail1")):
         t = 0.0
         for _ in range(flaps // 2 + (flaps % 2 if n == 0 else 0)):
             down = rng.uniform(0.1, 5.0)
+            brief[rail] += down < 0.5
             timeline += [(t, rail, False), (t + down, rail, True)]
             t += down + rng.uniform(0.1, 0.3)
     timeline.sort()
@@ -363,8 +365,13 @@ def test_3_soak_carrier_flaps_on_two_rails_under_live_qps(guest: VM) -> None:
               for rail in ("rail0", "rail1")}
     kernel_after = [int(n) for n in guest.ssh(down_counts).stdout.split()]
     kernel = {rail: kernel_after[n] - kernel_before[n] for n, rail in enumerate(caused)}
-    # The kernel's own carrier_down_count says whether the lab or the agent is off.
-    assert kernel == caused, f"the soak caused {caused}, the guest kernel saw {kernel}"
+    # The kernel's own carrier_down_count says whether the lab or the agent is off. A flap
+    # shorter than the emulated guest's wait for a host CPU can pass unseen (the link is up
+    # again when the guest reads it: a rehearsal's kernel saw 24 of rail0's 25, two other
+    # guests beside it): the lab may lose those under 0.5 s, no others, and the agent must
+    # count exactly what the kernel saw.
+    assert all(caused[r] - brief[r] <= kernel[r] <= caused[r] for r in caused), (
+        f"the soak caused {caused} ({brief} under 0.5 s), the guest kernel saw {kernel}")
     assert losses == kernel, f"the agent counted {losses}, the kernel {kernel}"
     moved = guest.ssh("cat /root/gid-watch.log").stdout
     assert moved == "", f"GID slots changed during the soak:\n{moved[:2000]}"
