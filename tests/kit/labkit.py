@@ -72,7 +72,7 @@ def hold_qp(vm: VM, device: str, gid_index: int) -> None:
     vm.ssh(f"nohup python3 /root/guest/qp_holder.py {device} {gid_index} "
            f"> /root/holder-{device}.log 2>&1 &")
     wait_guest(lambda: "ready" in vm.ssh(f"cat /root/holder-{device}.log").stdout, 30,
-         "the QP holder in RTS")
+               "the QP holder in RTS")
 
 
 def busy_guest(vm: VM, seconds: int = 120, processes: int = 2) -> None:

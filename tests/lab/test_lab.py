@@ -85,7 +85,7 @@ def test_2_service_ready_only_after_the_first_pass_with_journal_fields(guest: VM
     assert any("repaired" in e.get("MESSAGE", "") and e.get("RAIL") == "rail0"
                for e in entries), journal[-2000:]
     wait_guest(lambda: condition(guest, "CustomChecksPassed") == ("True", "CustomChecksPassed"),
-             30, "the check's result")
+               30, "the check's result")
     helpers = guest.ssh("pgrep -f '[s]leep 4321'", check=False).stdout.split()
     assert not helpers, f"the check's detached helper outlived it: {helpers}"
 
@@ -137,9 +137,9 @@ def test_2b_address_deleted_under_a_live_qp_is_restored_the_shift_reported_then_
     # The QP ends: the agent re-pins (address deleted and re-added) and the GID is home.
     guest.ssh("pkill -f '/root/guest/[q]p_holder'")
     wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
-             "the GID back on its pinned index")
+               "the GID back on its pinned index")
     wait_guest(lambda: condition(guest, "RoCEGIDStable") == ("True", "GIDsPinned"), 20,
-             "RoCEGIDStable True again")
+               "RoCEGIDStable True again")
     assert addresses(guest, "ens4") == ["10.10.0.5/24"]
     assert 1000 in rule_priorities(guest)
     journal = guest.ssh("journalctl -u nodeagent --no-pager RAIL=rail0").stdout
@@ -158,7 +158,7 @@ def test_2f_transport_probe_over_each_rail_on_soft_roce(guest: VM) -> None:
     start_agent(guest, resync_interval="1h",
                 transport={"probe_interval": "2s", "messages": 50, "timeout": "5s"})
     wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
-             120, "both rails verified")
+               120, "both rails verified")
     message = next(c["message"] for c in status(guest)["conditions"]
                    if c["type"] == "RDMATransportVerified")
     assert "rail0: 50 messages p50" in message and "rail1: 50 messages p50" in message
@@ -168,26 +168,26 @@ def test_2f_transport_probe_over_each_rail_on_soft_roce(guest: VM) -> None:
     hold_qp(guest, "rxe0", index)
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
     wait_guest(lambda: condition(guest, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
-             "the shift")
+               "the shift")
     wait_guest(lambda: "rail0: not probed: its GID is off its pinned index" in next(
         (c["message"] for c in status(guest)["conditions"]
          if c["type"] == "RDMATransportVerified"), ""), 30, "rail0 left alone while shifted")
     guest.ssh("pkill -f '/root/guest/[q]p_holder'")
     wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 60,
-             "re-pinned while the probe runs every 2 s")
+               "re-pinned while the probe runs every 2 s")
     wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
-             60, "verified again after the re-pin")
+               60, "verified again after the re-pin")
 
     guest.set_link("rail1", False)
     wait_guest(lambda: condition(guest, "RDMATransportVerified")
-             == ("False", "TransportPortNotActive"), 60, "the port's state named")
+               == ("False", "TransportPortNotActive"), 60, "the port's state named")
     text = next(c["message"] for c in status(guest)["conditions"]
                 if c["type"] == "RDMATransportVerified")
     assert "rail1: port failed: port 1 is Down (1), not ACTIVE" in text, text
     assert "rail0" not in text, text  # the message lists what failed; rail0 did not
     guest.set_link("rail1", True)
     wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
-             60, "verified again with the carrier back")
+               60, "verified again with the carrier back")
 
 
 def test_2g_transport_probe_of_an_observed_rail_whose_address_is_gone(guest: VM) -> None:
@@ -200,11 +200,11 @@ def test_2g_transport_probe_of_an_observed_rail_whose_address_is_gone(guest: VM)
     start_agent(guest, rails=rails, resync_interval="1h",
                 transport={"probe_interval": "2s", "messages": 20, "timeout": "5s"})
     wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
-             120, "both rails verified")
+               120, "both rails verified")
     index = wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5"), 10, "the IPv4 GID")
     guest.ssh("ip addr del 10.10.0.5/24 dev ens4")
     wait_guest(lambda: condition(guest, "RDMATransportVerified")
-             == ("False", "TransportGIDMismatch"), 60, "the probe's GID step named")
+               == ("False", "TransportGIDMismatch"), 60, "the probe's GID step named")
     text = next(c["message"] for c in status(guest)["conditions"]
                 if c["type"] == "RDMATransportVerified")
     assert text.startswith("rail0: GID failed: "), text
@@ -212,9 +212,9 @@ def test_2g_transport_probe_of_an_observed_rail_whose_address_is_gone(guest: VM)
     assert ipv4_gid_index(guest, "rxe0", "10.10.0.5") is None, "observed, never repaired"
     guest.ssh("ip addr add 10.10.0.5/24 dev ens4")
     wait_guest(lambda: ipv4_gid_index(guest, "rxe0", "10.10.0.5") == index, 30,
-             "the GID back at its slot")
+               "the GID back at its slot")
     wait_guest(lambda: condition(guest, "RDMATransportVerified") == ("True", "TransportVerified"),
-             60, "verified again")
+               60, "verified again")
 
 
 def test_2c_networkd_restart_the_agent_restores_the_rules(guest: VM) -> None:
@@ -275,7 +275,7 @@ def test_2e_kernel_traffic_is_told_from_rdma_traffic(guest: VM) -> None:
     guest.ssh("ip neigh replace 10.10.0.99 lladdr 52:54:00:00:99:99 dev ens4 nud permanent")
     guest.ssh("nohup python3 /root/guest/udp_blast.py 10.10.0.99 600 > /dev/null 2>&1 &")
     wait_guest(lambda: condition(guest, "FabricTrafficOnRDMA") == ("False", "TrafficNotOnFabric"),
-             90, "TrafficNotOnFabric while only the kernel moves bytes")
+               90, "TrafficNotOnFabric while only the kernel moves bytes")
     message = next(c["message"] for c in status(guest)["conditions"]
                    if c["type"] == "FabricTrafficOnRDMA")
     assert "rail0 ens4:" in message and "0 packets over RDMA (rxe0 port 1)" in message, message
@@ -286,7 +286,7 @@ def test_2e_kernel_traffic_is_told_from_rdma_traffic(guest: VM) -> None:
     time.sleep(1)
     guest.ssh(f"nohup {pingpong} 127.0.0.1 > /root/pp-client.log 2>&1 &")
     wait_guest(lambda: condition(guest, "FabricTrafficOnRDMA") == ("True", "TrafficOnFabric"), 90,
-             "TrafficOnFabric once RDMA moves too")
+               "TrafficOnFabric once RDMA moves too")
     rail0 = next(r for r in status(guest)["rails"] if r["name"] == "rail0")
     assert rail0["rdma_tx_packets"] > 0 and rail0["rdma_tx_bytes"] is None, rail0
     metrics = guest.ssh("python3 -c \"import urllib.request; print(urllib.request.urlopen("
@@ -358,7 +358,7 @@ def test_3_soak_carrier_flaps_on_two_rails_under_live_qps(guest: VM) -> None:
 
     assert "LinkFlapping" in seen_flapping, seen_flapping
     wait_guest(lambda: condition(guest, "RoCENetworkReady") == ("True", "RailsConfigured"),
-             dwell + 60, "LinkFlapping cleared after the dwell")
+               dwell + 60, "LinkFlapping cleared after the dwell")
     state = status(guest)
     losses = {r["name"]: r.get("carrier_losses_total") for r in state["rails"]}
     caused = {rail: sum(1 for _, r, up in timeline if r == rail and not up)

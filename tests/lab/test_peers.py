@@ -162,7 +162,7 @@ def test_4a_healthy_both_ends_reach_the_other_with_rtt_figures(pair: tuple[VM, V
         # miss the probe's deadline and give no figure, the next one does). Six tries in
         # 30 s all missed once, three guests and Kueue's cold build on 2 cores: 90 s.
         sampled = wait_guest(lambda v=vm: peer_figures(v)["bandwidth_gbps"], 90,
-                           "a bandwidth sample")
+                             "a bandwidth sample")
         assert sampled > 0, got
         assert "1 of 1 peers reached over RoCE" in peers_message(vm)
 
@@ -192,7 +192,7 @@ def test_4c_the_wire_cut_no_carrier_here_not_responding_there(pair: tuple[VM, VM
     both_reach_each_other(a, b)
     a.set_link("fab0", False)
     wait_guest(lambda: condition(a, "RoCENetworkReady") == ("False", "NoCarrier"), 30,
-             "NoCarrier on the cut node")
+               "NoCarrier on the cut node")
     until_condition(b, ("Unknown", "PeerNotResponding"), 30, "the other end's verdict")
     assert "do not answer on TCP either" in peers_message(b)
     a.set_link("fab0", True)
@@ -223,10 +223,10 @@ def test_4e_the_peer_gid_moved_and_repinned_probes_recover(pair: tuple[VM, VM]) 
     hold_qp(b, "rxe0", index)
     b.ssh("ip addr del 10.20.0.2/24 dev ens4")  # B's agent restores it: the GID moves
     wait_guest(lambda: condition(b, "RoCEGIDStable") == ("False", "GIDIndexShifted"), 30,
-             "B sees its GID shifted")
+               "B sees its GID shifted")
     b.ssh("pkill -f '/root/guest/[q]p_holder'")  # B re-pins
     wait_guest(lambda: condition(b, "RoCEGIDStable") == ("True", "GIDsPinned"), 60,
-             "B re-pinned")
+               "B re-pinned")
     both_reach_each_other(a, b)  # no agent restarted on either end
 
 
@@ -258,7 +258,7 @@ def preflight_pair(a: VM, b: VM) -> dict[str, tuple[int, str]]:
     b.ssh("rm -f /tmp/preflight.*; " + run_b + "; echo $? > /tmp/preflight.rc",
           check=False, timeout=180)
     wait_guest(lambda: a.ssh("cat /tmp/preflight.rc", check=False).stdout.strip(), 120,
-             "the first node's preflight")
+               "the first node's preflight")
     return {name: (int(vm.ssh("cat /tmp/preflight.rc").stdout), vm.ssh(
         "cat /tmp/preflight.log", check=False).stdout) for name, vm in (("lab", a), ("lab-b", b))}
 
